@@ -1,0 +1,30 @@
+// An 8-bit RGB image in memory, the unit every image decoder produces and every image
+// processor consumes.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace loom::data {
+
+struct Image {
+  int height = 0;
+  int width = 0;
+  std::vector<uint8_t> rgb;  // (height, width, 3), row-major
+
+  uint8_t* pixel(int y, int x) { return rgb.data() + (static_cast<size_t>(y) * width + x) * 3; }
+  const uint8_t* pixel(int y, int x) const {
+    return rgb.data() + (static_cast<size_t>(y) * width + x) * 3;
+  }
+  static Image filled(int height, int width, uint8_t r, uint8_t g, uint8_t b) {
+    Image image{height, width, std::vector<uint8_t>(static_cast<size_t>(height) * width * 3)};
+    for (size_t i = 0; i < image.rgb.size(); i += 3) {
+      image.rgb[i] = r;
+      image.rgb[i + 1] = g;
+      image.rgb[i + 2] = b;
+    }
+    return image;
+  }
+};
+
+}  // namespace loom::data
