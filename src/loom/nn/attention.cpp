@@ -1,0 +1,76 @@
+#include "loom/nn/attention.h"
+
+#include <cmath>
+#include <map>
+
+#include "loom/util/errors.h"
+
+namespace loom::nn {
+
+namespace {
+
+// q, k, v (S, H, L, D) -> (S, H, L, D) with an optional causal mask.
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+  const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (S, H, L, L)
+  if (causal) {
+    const int64_t length = q.size(-2);
+    auto future = at::ones({length, length}, at::TensorOptions().dtype(at::kBool)).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
+  }
+  // Softmax in at least fp32, whatever the compute dtype.
+  auto probs = at::softmax(scores, -1, at::promote_types(q.scalar_type(), at::kFloat)).to(q.scalar_type());
+  return at::matmul(probs, v);
+}
+
+}  // namespace
+
+at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& cu_seqlens) {
+  const int64_t total = q.size(0);
+  if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != total)
+    throw ModelError(fmt::format("segment_attention: cu_seqlens must run from 0 to {} tokens", total));
+  // Group segment starts by length so each group runs as one batched product.
+  std::map<int64_t, std::vector<int64_t>> starts_by_length;
+  for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
+    const int64_t length = cu_seqlens[i + 1] - cu_seqlens[i];
+    if (length > 0) starts_by_length[length].push_back(cu_seqlens[i]);
+  }
+  if (starts_by_length.size() == 1 && starts_by_length.begin()->second.size() * starts_by_length.begin()->first ==
+                                          static_cast<size_t>(total)) {
+    // All segments the same length: a reshape, no gather.
+    const int64_t length = starts_by_length.begin()->first;
+    auto split = [&](const at::Tensor& x) { return x.view({total / length, length, x.size(1), x.size(2)}).transpose(1, 2); };
+    return attend(split(q), split(k), split(v), false).transpose(1, 2).reshape_as(q);
+  }
+  auto out = at::empty_like(q);
+  for (const auto& [length, starts] : starts_by_length) {
+    auto index = at::empty({static_cast<int64_t>(starts.size()), length}, at::kLong);
+    auto acc = index.accessor<int64_t, 2>();
+    for (size_t s = 0; s < starts.size(); ++s)
+      for (int64_t j = 0; j < length; ++j) acc[s][j] = starts[s] + j;
+    auto flat = index.flatten();
+    auto gather = [&](const at::Tensor& x) {
+      return x.index_select(0, flat).view({index.size(0), length, x.size(1), x.size(2)}).transpose(1, 2);
+    };
+    auto result = attend(gather(q), gather(k), gather(v), false).transpose(1, 2).reshape({-1, q.size(1), q.size(2)});
+    out = out.index_copy(0, flat, result);
+  }
+  return out;
+}
+
+at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
+  const int64_t heads = q.size(2), kv_heads = k.size(2);
+  if (heads % kv_heads)
+    throw ModelError(fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+  auto qh = q.transpose(1, 2);  // (B, Hq, L, D)
+  auto kh = k.transpose(1, 2);
+  auto vh = v.transpose(1, 2);
+  if (kv_heads != heads) {
+    kh = kh.repeat_interleave(heads / kv_heads, 1);
+    vh = vh.repeat_interleave(heads / kv_heads, 1);
+  }
+  return attend(qh, kh, vh, true).transpose(1, 2);  // (B, L, Hq, D)
+}
+
+}  // namespace loom::nn

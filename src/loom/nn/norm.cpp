@@ -1,0 +1,28 @@
+#include "loom/nn/norm.h"
+
+namespace loom::nn {
+
+LayerNorm::LayerNorm(int64_t dim, double eps_, const parallel::ParamOptions& options) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options.tensor_options()));
+  bias = register_parameter("bias", at::empty({dim}, options.tensor_options()));
+}
+
+at::Tensor LayerNorm::forward(const at::Tensor& x) const {
+  const auto stats = at::promote_types(x.scalar_type(), at::kFloat);
+  if (x.scalar_type() == stats) return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+  // Reduced precision: statistics in fp32, result back in the input dtype.
+  auto y = at::layer_norm(x.to(stats), {weight.size(0)}, weight.to(stats), bias.to(stats), eps);
+  return y.to(x.scalar_type());
+}
+
+RMSNorm::RMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options) : eps(eps_) {
+  weight = register_parameter("weight", at::empty({dim}, options.tensor_options()));
+}
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  auto x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));  // statistics in at least fp32
+  auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return weight * normed.to(x.scalar_type());
+}
+
+}  // namespace loom::nn
