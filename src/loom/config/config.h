@@ -1,0 +1,108 @@
+// The typed job configuration: one YAML file (sections model, data, parallel, features, training,
+// tools) plus --set overrides, loaded into structs and validated strictly; see docs/config.md.
+#pragma once
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+namespace loom::config {
+
+struct ModelSection {
+  std::string family;               // required: qwen2_vl | qwen2_5_vl
+  std::string hf_config_path;       // model.hf_config given as a string: path to a HF config.json
+  nlohmann::json hf_config;         // model.hf_config given inline as a YAML mapping, converted to JSON;
+                                    // exactly one of hf_config_path / hf_config is set
+  std::string init_from;            // "" or a model directory (HF-style config.json + safetensors)
+  std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
+};
+
+struct DataSection {
+  std::string dataset = "shapes_vqa";  // only shapes_vqa for now
+  int64_t image_size = 56;             // positive multiple of 28
+  int64_t eval_samples = 1000;         // > 0
+  int64_t max_seq_len = 1024;          // > 0
+  int64_t num_workers = 2;             // >= 0
+  int64_t prefetch = 4;                // >= 1
+};
+
+struct ParallelSection {
+  int64_t tp = 1, pp = 1, cp = 1, ep = 1;
+  int64_t dp = 0;  // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
+  bool sequence_parallel = false;
+  int64_t zero = 0;  // 0, 1 or 3
+};
+
+struct FeaturesSection {
+  std::string recompute = "none";  // only none for now
+};
+
+struct TrainingSection {
+  int64_t steps = 0;  // required, > 0
+  int64_t global_batch_size = 32, micro_batch_size = 8;
+  double lr = 1e-3, min_lr = 0.0;
+  int64_t warmup_steps = 0;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
+  double clip_grad = 1.0;          // 0 = off
+  std::string precision = "fp32";  // fp32 | bf16
+  int64_t seed = 1234;
+  std::string output_dir = "runs/default";
+  int64_t save_every = 0;       // 0 = save only at the end
+  int64_t keep_last = 2;        // >= 1
+  int64_t eval_every = 0;       // 0 = evaluate only at the end
+  std::string resume = "auto";  // auto | none | a checkpoint directory
+  int64_t threads = 0;          // 0 = all cores
+  double peak_tflops = 0.0;     // 0 = use the measured sgemm rate for MFU
+};
+
+struct ToolsSection {
+  int64_t log_every = 10;          // >= 1
+  std::string log_level = "info";  // trace | debug | info | warn | error
+  bool progress_bar = true;
+};
+
+struct JobConfig {
+  ModelSection model;
+  DataSection data;
+  ParallelSection parallel;
+  FeaturesSection features;
+  TrainingSection training;
+  ToolsSection tools;
+  std::string source;  // file name, used in messages
+};
+
+// Equality of every value; JobConfig's `source` is not compared.
+bool operator==(const ModelSection& a, const ModelSection& b);
+bool operator==(const DataSection& a, const DataSection& b);
+bool operator==(const ParallelSection& a, const ParallelSection& b);
+bool operator==(const FeaturesSection& a, const FeaturesSection& b);
+bool operator==(const TrainingSection& a, const TrainingSection& b);
+bool operator==(const ToolsSection& a, const ToolsSection& b);
+bool operator==(const JobConfig& a, const JobConfig& b);
+inline bool operator!=(const JobConfig& a, const JobConfig& b) { return !(a == b); }
+
+// Reads the YAML file at `path`, applies each `key=value` override in order, types and validates.
+// Throws loom::ConfigError naming the file (or the --set), the dotted key, the value and what is valid.
+JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides = {});
+// The same from YAML text; `source` names it in messages. Touches no file.
+JobConfig parse_config(const std::string& yaml_text, const std::string& source,
+                       const std::vector<std::string>& overrides = {});
+
+// Every key written out; parse_config(to_yaml(c), ...) == c.
+std::string to_yaml(const JobConfig& config);
+
+// The model sizes the parallel layout must fit.
+struct ModelDims {
+  int64_t llm_heads, llm_kv_heads, vision_heads, vocab_size, llm_layers;
+};
+
+// Checks the parallel layout against the model and the world size (heads, kv heads, vocab and layers
+// split evenly, tp*cp*pp*dp == world_size, global batch divisible by micro*dp), then refuses every
+// parallelism this build cannot run. Throws loom::ConfigError.
+void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t world_size);
+
+// parallel.dp resolved: the configured value, or world_size / (tp*cp*pp) for `auto`.
+int64_t data_parallel_size(const ParallelSection& parallel, int64_t world_size);
+
+}  // namespace loom::config

@@ -1,0 +1,93 @@
+// Whether the parallel layout fits the model and the world, and whether this build can run it.
+#include <fmt/format.h>
+
+#include "loom/config/config.h"
+#include "loom/util/errors.h"
+
+namespace loom::config {
+namespace {
+
+std::string join_numbers(const std::vector<int64_t>& numbers) {
+  std::string out;
+  for (int64_t n : numbers) out += (out.empty() ? "" : ", ") + std::to_string(n);
+  return out;
+}
+
+}  // namespace
+
+int64_t data_parallel_size(const ParallelSection& p, int64_t world_size) {
+  if (p.dp != 0) return p.dp;
+  const int64_t model_parallel = p.tp * p.cp * p.pp;
+  if (world_size % model_parallel != 0)
+    throw ConfigError(
+        fmt::format("parallel.dp=auto: world size {} is not divisible by tp*cp*pp = {}*{}*{} = {}",
+                    world_size, p.tp, p.cp, p.pp, model_parallel));
+  return world_size / model_parallel;
+}
+
+void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t world_size) {
+  const ParallelSection& p = config.parallel;
+  const TrainingSection& t = config.training;
+  auto fail = [&config](const std::string& what) { throw ConfigError(config.source + ": " + what); };
+
+  if (world_size < 1) fail(fmt::format("world size must be >= 1, got {}", world_size));
+  if (dims.llm_heads < 1 || dims.llm_kv_heads < 1 || dims.vision_heads < 1 || dims.vocab_size < 1 ||
+      dims.llm_layers < 1)
+    fail(fmt::format(
+        "model sizes must be positive (llm heads {}, kv heads {}, vision heads {}, vocab {}, layers {})",
+        dims.llm_heads, dims.llm_kv_heads, dims.vision_heads, dims.vocab_size, dims.llm_layers));
+
+  // Every tensor-parallel rank holds whole attention heads (kv heads may be replicated) and an equal
+  // share of the vocabulary.
+  auto tp_fits = [&dims](int64_t tp) {
+    return dims.llm_heads % tp == 0 && dims.vision_heads % tp == 0 &&
+           (dims.llm_kv_heads % tp == 0 || tp % dims.llm_kv_heads == 0) && dims.vocab_size % tp == 0;
+  };
+  std::vector<int64_t> valid_tp;
+  for (int64_t tp = 1; tp <= std::max(dims.llm_heads, dims.vision_heads); ++tp)
+    if (tp_fits(tp)) valid_tp.push_back(tp);
+  if (dims.llm_heads % p.tp != 0 || dims.vision_heads % p.tp != 0)
+    fail(fmt::format("parallel.tp={} does not divide model heads (llm {}, vision {}); valid tp: {}", p.tp,
+                     dims.llm_heads, dims.vision_heads, join_numbers(valid_tp)));
+  if (dims.llm_kv_heads % p.tp != 0 && p.tp % dims.llm_kv_heads != 0)
+    fail(fmt::format(
+        "parallel.tp={} neither divides the model's {} kv heads nor is a multiple of them; valid tp: {}",
+        p.tp, dims.llm_kv_heads, join_numbers(valid_tp)));
+  if (dims.vocab_size % p.tp != 0)
+    fail(fmt::format("parallel.tp={} does not divide the vocabulary size {}; valid tp: {}", p.tp,
+                     dims.vocab_size, join_numbers(valid_tp)));
+  if (p.sequence_parallel && p.tp == 1)
+    fail("parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the sequence across tp ranks)");
+  if (p.pp > dims.llm_layers)
+    fail(fmt::format("parallel.pp={} exceeds the model's {} LLM layers; valid pp: 1 to {}", p.pp,
+                     dims.llm_layers, dims.llm_layers));
+
+  int64_t dp = 0;
+  try {
+    dp = data_parallel_size(p, world_size);
+  } catch (const ConfigError& e) {
+    fail(e.what());
+  }
+  if (p.tp * p.cp * p.pp * dp != world_size)
+    fail(fmt::format("parallel: tp*cp*pp*dp = {}*{}*{}*{} = {} does not equal the world size {}", p.tp, p.cp,
+                     p.pp, dp, p.tp * p.cp * p.pp * dp, world_size));
+  if ((dp * p.cp) % p.ep != 0)
+    fail(fmt::format("parallel.ep={} does not divide dp*cp = {}*{} = {} (expert ranks are carved from them)",
+                     p.ep, dp, p.cp, dp * p.cp));
+  if (t.global_batch_size % (t.micro_batch_size * dp) != 0)
+    fail(fmt::format("training.global_batch_size={} is not divisible by micro_batch_size*dp = {}*{} = {}",
+                     t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
+
+  // The layout is sound; now refuse what this build cannot run rather than ignore it.
+  const char* kUnavailable = "is not available in this version of Loom";
+  if (p.sequence_parallel)
+    fail(fmt::format("parallel.sequence_parallel=true: sequence parallelism {}", kUnavailable));
+  if (p.tp > 1) fail(fmt::format("parallel.tp={}: tensor parallelism {}", p.tp, kUnavailable));
+  if (p.pp > 1) fail(fmt::format("parallel.pp={}: pipeline parallelism {}", p.pp, kUnavailable));
+  if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
+  if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
+  if (p.zero != 0)
+    fail(fmt::format("parallel.zero={}: ZeRO stage {} sharding {}", p.zero, p.zero, kUnavailable));
+}
+
+}  // namespace loom::config

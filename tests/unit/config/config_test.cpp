@@ -1,0 +1,432 @@
+// Loading job configs: values, defaults, inline hf_config typing, and every kind of error message.
+#include "loom/config/config.h"
+
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "loom/util/errors.h"
+
+namespace loom::config {
+namespace {
+
+using ::testing::HasSubstr;
+
+const std::string kFixture = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/config/job.yaml";
+
+// The smallest valid job: the two required keys and hf_config.
+const std::string kMinimal =
+    "model:\n"
+    "  family: qwen2_vl\n"
+    "  hf_config: configs/tiny.json\n"
+    "training:\n"
+    "  steps: 10\n";
+
+// The ConfigError message `f` throws; fails the test if it throws nothing.
+template <class F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+std::string parse_error(const std::string& yaml, const std::vector<std::string>& overrides = {}) {
+  return error_of([&] { parse_config(yaml, "job.yaml", overrides); });
+}
+
+// kMinimal with `lines` added to its training section (the last block).
+std::string with_training(const std::string& lines) { return kMinimal + lines; }
+
+TEST(LoadConfig, FullExampleParsesToEveryValue) {
+  const JobConfig c = load_config(kFixture);
+  EXPECT_EQ(c.source, kFixture);
+
+  EXPECT_EQ(c.model.family, "qwen2_5_vl");
+  EXPECT_EQ(c.model.hf_config_path, "");
+  EXPECT_EQ(c.model.hf_config["hidden_size"], 64);
+  EXPECT_EQ(c.model.init_from, "runs/pretrained/step-100");
+  EXPECT_EQ(c.model.freeze, (std::vector<std::string>{"visual", "model.embed_tokens"}));
+
+  EXPECT_EQ(c.data.dataset, "shapes_vqa");
+  EXPECT_EQ(c.data.image_size, 84);
+  EXPECT_EQ(c.data.eval_samples, 200);
+  EXPECT_EQ(c.data.max_seq_len, 512);
+  EXPECT_EQ(c.data.num_workers, 0);
+  EXPECT_EQ(c.data.prefetch, 1);
+
+  EXPECT_EQ(c.parallel.tp, 2);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.cp, 1);
+  EXPECT_EQ(c.parallel.ep, 1);
+  EXPECT_EQ(c.parallel.dp, 4);
+  EXPECT_TRUE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.parallel.zero, 3);
+
+  EXPECT_EQ(c.features.recompute, "none");
+
+  const TrainingSection& t = c.training;
+  EXPECT_EQ(t.steps, 300);
+  EXPECT_EQ(t.global_batch_size, 64);
+  EXPECT_EQ(t.micro_batch_size, 4);
+  EXPECT_EQ(t.lr, 3e-4);
+  EXPECT_EQ(t.min_lr, 1e-5);
+  EXPECT_EQ(t.warmup_steps, 20);
+  EXPECT_EQ(t.weight_decay, 0.1);
+  EXPECT_EQ(t.adam_beta1, 0.8);
+  EXPECT_EQ(t.adam_beta2, 0.95);
+  EXPECT_EQ(t.adam_eps, 1e-6);
+  EXPECT_EQ(t.clip_grad, 0.0);
+  EXPECT_EQ(t.precision, "bf16");
+  EXPECT_EQ(t.seed, 7);
+  EXPECT_EQ(t.output_dir, "runs/shapes test");
+  EXPECT_EQ(t.save_every, 100);
+  EXPECT_EQ(t.keep_last, 3);
+  EXPECT_EQ(t.eval_every, 50);
+  EXPECT_EQ(t.resume, "none");
+  EXPECT_EQ(t.threads, 2);
+  EXPECT_EQ(t.peak_tflops, 1.5);
+
+  EXPECT_EQ(c.tools.log_every, 5);
+  EXPECT_EQ(c.tools.log_level, "debug");
+  EXPECT_FALSE(c.tools.progress_bar);
+}
+
+TEST(LoadConfig, InlineHfConfigKeepsYamlTypesInJson) {
+  const nlohmann::json hf = load_config(kFixture).model.hf_config;
+  ASSERT_TRUE(hf.is_object());
+  EXPECT_TRUE(hf["hidden_size"].is_number_integer());
+  EXPECT_EQ(hf["hidden_size"].get<int64_t>(), 64);
+  EXPECT_TRUE(hf["rms_norm_eps"].is_number_float());
+  EXPECT_EQ(hf["rms_norm_eps"].get<double>(), 1e-6);
+  EXPECT_TRUE(hf["rope_theta"].is_number_float());
+  EXPECT_EQ(hf["rope_theta"].get<double>(), 1000000.0);
+  EXPECT_TRUE(hf["tie_word_embeddings"].is_boolean());
+  EXPECT_FALSE(hf["tie_word_embeddings"].get<bool>());
+  EXPECT_TRUE(hf["use_cache"].get<bool>());
+  EXPECT_TRUE(hf["sliding_window"].is_null());
+  EXPECT_EQ(hf["model_type"], "qwen2_vl");
+  EXPECT_EQ(hf["torch_dtype"], "float32");
+  // Quoted digits stay a string.
+  EXPECT_TRUE(hf["eos_token_id"].is_string());
+  EXPECT_EQ(hf["eos_token_id"], "255");
+  EXPECT_EQ(hf["architectures"], nlohmann::json::array({"Qwen2VLForConditionalGeneration"}));
+  const nlohmann::json& rope = hf["rope_scaling"];
+  ASSERT_TRUE(rope["mrope_section"].is_array());
+  EXPECT_EQ(rope["mrope_section"], nlohmann::json::array({2, 3, 3}));
+  EXPECT_TRUE(rope["mrope_section"][0].is_number_integer());
+  EXPECT_EQ(rope["type"], "default");
+  const nlohmann::json& vision = hf["vision_config"];
+  EXPECT_EQ(vision["depth"], 2);
+  EXPECT_TRUE(vision["scale"].is_number_float());
+  EXPECT_EQ(vision["scale"].get<double>(), 0.5);
+  EXPECT_TRUE(vision["nested"]["flag"].get<bool>());
+  // The whole object, as the same document written in JSON by hand.
+  EXPECT_EQ(hf, nlohmann::json::parse(R"({
+    "model_type": "qwen2_vl", "hidden_size": 64, "rms_norm_eps": 1e-06, "rope_theta": 1000000.0,
+    "tie_word_embeddings": false, "use_cache": true, "sliding_window": null, "torch_dtype": "float32",
+    "eos_token_id": "255", "architectures": ["Qwen2VLForConditionalGeneration"],
+    "rope_scaling": {"mrope_section": [2, 3, 3], "type": "default"},
+    "vision_config": {"depth": 2, "embed_dim": 32, "mlp_ratio": 4, "scale": 0.5, "nested": {"flag": true}}
+  })"));
+}
+
+TEST(LoadConfig, MissingFileNamesThePath) {
+  EXPECT_EQ(error_of([] { load_config("no/such/job.yaml"); }),
+            "no/such/job.yaml: cannot open the config file");
+}
+
+TEST(ParseConfig, DefaultsForEveryOmittedKey) {
+  const JobConfig c = parse_config(kMinimal, "job.yaml");
+  EXPECT_EQ(c.source, "job.yaml");
+  EXPECT_EQ(c.model.family, "qwen2_vl");
+  EXPECT_EQ(c.model.hf_config_path, "configs/tiny.json");
+  EXPECT_TRUE(c.model.hf_config.is_null());
+  EXPECT_EQ(c.model.init_from, "");
+  EXPECT_TRUE(c.model.freeze.empty());
+
+  EXPECT_EQ(c.data.dataset, "shapes_vqa");
+  EXPECT_EQ(c.data.image_size, 56);
+  EXPECT_EQ(c.data.eval_samples, 1000);
+  EXPECT_EQ(c.data.max_seq_len, 1024);
+  EXPECT_EQ(c.data.num_workers, 2);
+  EXPECT_EQ(c.data.prefetch, 4);
+
+  EXPECT_EQ(c.parallel.tp, 1);
+  EXPECT_EQ(c.parallel.pp, 1);
+  EXPECT_EQ(c.parallel.cp, 1);
+  EXPECT_EQ(c.parallel.ep, 1);
+  EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_FALSE(c.parallel.sequence_parallel);
+  EXPECT_EQ(c.parallel.zero, 0);
+
+  EXPECT_EQ(c.features.recompute, "none");
+
+  const TrainingSection& t = c.training;
+  EXPECT_EQ(t.steps, 10);
+  EXPECT_EQ(t.global_batch_size, 32);
+  EXPECT_EQ(t.micro_batch_size, 8);
+  EXPECT_EQ(t.lr, 1e-3);
+  EXPECT_EQ(t.min_lr, 0.0);
+  EXPECT_EQ(t.warmup_steps, 0);
+  EXPECT_EQ(t.weight_decay, 0.0);
+  EXPECT_EQ(t.adam_beta1, 0.9);
+  EXPECT_EQ(t.adam_beta2, 0.999);
+  EXPECT_EQ(t.adam_eps, 1e-8);
+  EXPECT_EQ(t.clip_grad, 1.0);
+  EXPECT_EQ(t.precision, "fp32");
+  EXPECT_EQ(t.seed, 1234);
+  EXPECT_EQ(t.output_dir, "runs/default");
+  EXPECT_EQ(t.save_every, 0);
+  EXPECT_EQ(t.keep_last, 2);
+  EXPECT_EQ(t.eval_every, 0);
+  EXPECT_EQ(t.resume, "auto");
+  EXPECT_EQ(t.threads, 0);
+  EXPECT_EQ(t.peak_tflops, 0.0);
+
+  EXPECT_EQ(c.tools.log_every, 10);
+  EXPECT_EQ(c.tools.log_level, "info");
+  EXPECT_TRUE(c.tools.progress_bar);
+}
+
+TEST(ParseConfig, EmptySectionsAndDpAuto) {
+  const JobConfig c = parse_config(kMinimal + "data:\nparallel: {dp: auto}\nfeatures: {}\n", "job.yaml");
+  EXPECT_EQ(c.data.image_size, 56);
+  EXPECT_EQ(c.parallel.dp, 0);
+  EXPECT_EQ(parse_config(kMinimal + "parallel: {dp: 3}\n", "job.yaml").parallel.dp, 3);
+}
+
+TEST(ParseConfig, DoublesAcceptIntegers) {
+  const JobConfig c = parse_config(kMinimal + "  lr: 1\n  clip_grad: 2\n", "job.yaml");
+  EXPECT_EQ(c.training.lr, 1.0);
+  EXPECT_EQ(c.training.clip_grad, 2.0);
+}
+
+TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
+  const std::string message = parse_error(with_training("  lrr: 0.1\n"));
+  EXPECT_THAT(message, HasSubstr("job.yaml: unknown key 'training.lrr' (valid keys in training: steps, "
+                                 "global_batch_size, micro_batch_size, lr, min_lr,"));
+  EXPECT_THAT(message, HasSubstr("peak_tflops; did you mean 'lr'?)"));
+  EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
+            "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar)");
+}
+
+TEST(ParseConfigErrors, UnknownSection) {
+  EXPECT_EQ(
+      parse_error(kMinimal + "optim: {lr: 1}\n"),
+      "job.yaml: unknown section 'optim' (valid sections: model, data, parallel, features, training, tools)");
+  EXPECT_THAT(parse_error(kMinimal + "tool: {}\n"), HasSubstr("did you mean 'tools'?"));
+}
+
+TEST(ParseConfigErrors, WrongTypes) {
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: ten}\n"),
+            "job.yaml: training.steps: expected an integer, got 'ten'");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: 1e3}\n"),
+            "job.yaml: training.steps: expected an integer, got '1e3'");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: 2.0}\n"),
+            "job.yaml: training.steps: expected an integer, got '2.0'");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: \"10\"}\n"),
+            "job.yaml: training.steps: expected an integer, got '10' (quoted, so a string)");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: [1]}\n"),
+            "job.yaml: training.steps: expected an integer, got a sequence");
+  EXPECT_EQ(
+      parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: 99999999999999999999}\n"),
+      "job.yaml: training.steps: expected an integer, got '99999999999999999999' (out of range)");
+  EXPECT_EQ(parse_error(with_training("  lr: fast\n")),
+            "job.yaml: training.lr: expected a number, got 'fast'");
+  EXPECT_EQ(parse_error(with_training("  lr: .inf\n")),
+            "job.yaml: training.lr: expected a number, got '.inf'");
+  EXPECT_EQ(parse_error(with_training("  lr: 1e999\n")),
+            "job.yaml: training.lr: expected a number, got '1e999' (out of range)");
+  EXPECT_EQ(parse_error(kMinimal + "tools: {progress_bar: yes}\n"),
+            "job.yaml: tools.progress_bar: expected true or false, got 'yes'");
+  EXPECT_EQ(parse_error(kMinimal + "tools: {progress_bar: 1}\n"),
+            "job.yaml: tools.progress_bar: expected true or false, got '1'");
+  EXPECT_EQ(parse_error(with_training("  output_dir: {a: 1}\n")),
+            "job.yaml: training.output_dir: expected a string, got a mapping");
+  EXPECT_EQ(parse_error(with_training("  resume:\n")),
+            "job.yaml: training.resume: expected a string, got null");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {dp: two}\n"),
+            "job.yaml: parallel.dp: expected an integer >= 1 or auto, got 'two'");
+  EXPECT_EQ(
+      parse_error(kMinimal + "training_extra: 1\n").rfind("job.yaml: unknown section 'training_extra'", 0),
+      0u);
+}
+
+TEST(ParseConfigErrors, EnumsNameTheValidValues) {
+  EXPECT_EQ(parse_error(with_training("  precision: fp16\n")),
+            "job.yaml: training.precision: 'fp16' is not one of fp32, bf16");
+  EXPECT_EQ(parse_error("model: {family: llama, hf_config: a.json}\ntraining: {steps: 1}\n"),
+            "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl");
+  EXPECT_EQ(parse_error(kMinimal + "data: {dataset: mnist}\n"),
+            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa");
+  EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
+            "job.yaml: features.recompute: 'full' is not one of none");
+  EXPECT_EQ(parse_error(kMinimal + "tools: {log_level: verbose}\n"),
+            "job.yaml: tools.log_level: 'verbose' is not one of trace, debug, info, warn, error");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 2}\n"),
+            "job.yaml: parallel.zero: 2 is not one of 0, 1, 3");
+}
+
+TEST(ParseConfigErrors, Ranges) {
+  EXPECT_EQ(parse_error(with_training("  keep_last: 0\n")),
+            "job.yaml: training.keep_last: must be >= 1, got 0");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: 0}\n"),
+            "job.yaml: training.steps: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(with_training("  lr: 0\n")), "job.yaml: training.lr: must be > 0, got 0");
+  EXPECT_EQ(parse_error(with_training("  min_lr: 0.01\n")),
+            "job.yaml: training.min_lr: must be <= training.lr (0.001), got 0.01");
+  EXPECT_EQ(parse_error(with_training("  adam_beta2: 1.0\n")),
+            "job.yaml: training.adam_beta2: must be in [0, 1), got 1");
+  EXPECT_EQ(parse_error(with_training("  adam_eps: 0.0\n")),
+            "job.yaml: training.adam_eps: must be > 0, got 0");
+  EXPECT_EQ(parse_error(with_training("  clip_grad: -1\n")),
+            "job.yaml: training.clip_grad: must be >= 0, got -1");
+  EXPECT_EQ(parse_error(with_training("  save_every: -5\n")),
+            "job.yaml: training.save_every: must be >= 0, got -5");
+  EXPECT_EQ(parse_error(with_training("  output_dir: \"\"\n")),
+            "job.yaml: training.output_dir: must not be empty (a directory for checkpoints and logs)");
+  EXPECT_EQ(parse_error(kMinimal + "data: {image_size: 50}\n"),
+            "job.yaml: data.image_size: must be a positive multiple of 28, got 50");
+  EXPECT_EQ(parse_error(kMinimal + "data: {image_size: 0}\n"),
+            "job.yaml: data.image_size: must be a positive multiple of 28, got 0");
+  EXPECT_EQ(parse_error(kMinimal + "data: {prefetch: 0}\n"), "job.yaml: data.prefetch: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(kMinimal + "data: {num_workers: -1}\n"),
+            "job.yaml: data.num_workers: must be >= 0, got -1");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {tp: 0}\n"), "job.yaml: parallel.tp: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {dp: 0}\n"),
+            "job.yaml: parallel.dp: must be >= 1 or auto, got 0");
+  EXPECT_EQ(parse_error(kMinimal + "tools: {log_every: 0}\n"),
+            "job.yaml: tools.log_every: must be >= 1, got 0");
+}
+
+TEST(ParseConfigErrors, MissingRequiredKeys) {
+  EXPECT_EQ(
+      parse_error("model: {family: qwen2_vl, hf_config: a.json}\n"),
+      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0)");
+  EXPECT_EQ(
+      parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {lr: 0.1}\n"),
+      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0)");
+  EXPECT_EQ(parse_error("training: {steps: 1}\n"),
+            "job.yaml: missing required key 'model.family' (one of qwen2_vl, qwen2_5_vl)");
+  EXPECT_THAT(parse_error("model: {family: qwen2_vl}\ntraining: {steps: 1}\n"),
+              HasSubstr("job.yaml: missing required key 'model.hf_config'"));
+  EXPECT_THAT(parse_error(""), HasSubstr("job.yaml: missing required key 'model.family'"));
+}
+
+TEST(ParseConfigErrors, ModelShapes) {
+  EXPECT_EQ(
+      parse_error("model: {family: qwen2_vl, hf_config: [a]}\ntraining: {steps: 1}\n"),
+      "job.yaml: model.hf_config: expected a path to a HF config.json or an inline mapping of its fields, "
+      "got a sequence");
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: {}}\ntraining: {steps: 1}\n"),
+            "job.yaml: model.hf_config: the inline mapping is empty");
+  EXPECT_THAT(parse_error("model: {family: qwen2_vl, hf_config: ''}\ntraining: {steps: 1}\n"),
+              HasSubstr("job.yaml: model.hf_config: must not be empty"));
+  EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: {a: .inf}}\ntraining: {steps: 1}\n"),
+            "job.yaml: model.hf_config.a: '.inf' cannot be written in JSON");
+  EXPECT_EQ(
+      parse_error(kMinimal.substr(0, kMinimal.find("training")) + "  freeze: visual\ntraining: {steps: 1}\n"),
+      "job.yaml: model.freeze: expected a list of strings such as [a, b], got 'visual'");
+  EXPECT_EQ(
+      parse_error(kMinimal.substr(0, kMinimal.find("training")) + "  freeze: [[a]]\ntraining: {steps: 1}\n"),
+      "job.yaml: model.freeze[0]: expected a string, got a sequence");
+}
+
+TEST(ParseConfigErrors, DocumentShape) {
+  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
+            "job.yaml: data: expected a mapping of keys (dataset, image_size, eval_samples, max_seq_len, "
+            "num_workers, prefetch), got '5'");
+  EXPECT_EQ(
+      parse_error("- a\n- b\n"),
+      "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
+      "sequence");
+  EXPECT_EQ(parse_error(kMinimal + "  steps: 20\n"), "job.yaml: duplicate key 'training.steps'");
+  EXPECT_EQ(parse_error(kMinimal + "---\ntraining: {steps: 1}\n"),
+            "job.yaml: holds 2 YAML documents; a job is one document");
+  EXPECT_THAT(parse_error("model: {family: [qwen2_vl\ntraining: {steps: 1}\n"),
+              HasSubstr("job.yaml: invalid YAML at line"));
+  EXPECT_EQ(
+      parse_error(with_training("  steps2: !!int 3\n")),
+      "job.yaml: training.steps2: unsupported YAML tag 'tag:yaml.org,2002:int' (write the value without a "
+      "tag)");
+}
+
+TEST(Overrides, ReplaceAnExistingKey) {
+  const JobConfig c = parse_config(kMinimal, "job.yaml", {"training.steps=25"});
+  EXPECT_EQ(c.training.steps, 25);
+}
+
+TEST(Overrides, CreateKeysTheFileOmitted) {
+  const JobConfig c =
+      parse_config(kMinimal, "job.yaml", {"training.lr=1e-4", "tools.log_level=debug", "parallel.dp=auto"});
+  EXPECT_EQ(c.training.lr, 1e-4);
+  EXPECT_EQ(c.tools.log_level, "debug");
+  EXPECT_EQ(c.parallel.dp, 0);
+  // Even the required ones.
+  const JobConfig d =
+      parse_config("model: {family: qwen2_vl, hf_config: a.json}\n", "job.yaml", {"training.steps=3"});
+  EXPECT_EQ(d.training.steps, 3);
+}
+
+TEST(Overrides, ListMapAndEmptyValues) {
+  const JobConfig c = parse_config(
+      kMinimal, "job.yaml",
+      {"model.freeze=[visual, model.layers.0]", "model.init_from=runs/a b", "training.output_dir=\"x: y\""});
+  EXPECT_EQ(c.model.freeze, (std::vector<std::string>{"visual", "model.layers.0"}));
+  EXPECT_EQ(c.model.init_from, "runs/a b");
+  EXPECT_EQ(c.training.output_dir, "x: y");
+
+  const JobConfig inline_hf =
+      parse_config(kMinimal, "job.yaml", {"model.hf_config={hidden_size: 32, rope: {theta: 1e4}}"});
+  EXPECT_EQ(inline_hf.model.hf_config_path, "");
+  EXPECT_EQ(inline_hf.model.hf_config,
+            nlohmann::json::parse(R"({"hidden_size": 32, "rope": {"theta": 10000.0}})"));
+  EXPECT_TRUE(inline_hf.model.hf_config["rope"]["theta"].is_number_float());
+
+  // A dotted key reaches into an inline hf_config.
+  const JobConfig deep = parse_config(
+      kMinimal, "job.yaml", {"model.hf_config={hidden_size: 32}", "model.hf_config.vision_config.depth=4"});
+  EXPECT_EQ(deep.model.hf_config,
+            nlohmann::json::parse(R"({"hidden_size": 32, "vision_config": {"depth": 4}})"));
+
+  const JobConfig cleared =
+      parse_config(kMinimal + "  resume: none\n", "job.yaml", {"model.init_from=", "training.steps=1"});
+  EXPECT_EQ(cleared.model.init_from, "");
+  EXPECT_EQ(cleared.training.resume, "none");
+}
+
+TEST(Overrides, LaterWins) {
+  EXPECT_EQ(parse_config(kMinimal, "job.yaml", {"training.steps=2", "training.steps=7"}).training.steps, 7);
+}
+
+TEST(Overrides, ErrorsNameTheSet) {
+  EXPECT_EQ(parse_error(kMinimal, {"training.steps=x"}),
+            "--set training.steps=x: expected an integer, got 'x'");
+  EXPECT_EQ(parse_error(kMinimal, {"training.keep_last=0"}),
+            "--set training.keep_last=0: must be >= 1, got 0");
+  EXPECT_EQ(parse_error(kMinimal, {"training.precision=fp16"}),
+            "--set training.precision=fp16: 'fp16' is not one of fp32, bf16");
+  EXPECT_THAT(parse_error(kMinimal, {"training.lrr=1"}),
+              HasSubstr("--set training.lrr=1: unknown key 'training.lrr' (valid keys in training: steps,"));
+  EXPECT_THAT(parse_error(kMinimal, {"optim.lr=1"}), HasSubstr("--set optim.lr=1: unknown section 'optim'"));
+  // A --set that replaces a whole section names the key inside it.
+  EXPECT_EQ(parse_error(kMinimal, {"tools={log_every: often}"}),
+            "--set tools={log_every: often}: tools.log_every: expected an integer, got 'often'");
+  EXPECT_EQ(parse_error(kMinimal, {"training.steps"}),
+            "--set training.steps: expected key=value with a dotted key, e.g. --set training.lr=1e-4");
+  EXPECT_EQ(parse_error(kMinimal, {"training..steps=1"}),
+            "--set training..steps=1: 'training..steps' is not a dotted key like training.lr");
+  EXPECT_EQ(parse_error(kMinimal, {"training.steps.max=1"}),
+            "--set training.steps.max=1: 'training.steps' is '10', not a mapping, so it has no key 'max'");
+  EXPECT_THAT(parse_error(kMinimal, {"model.freeze=[visual"}),
+              HasSubstr("--set model.freeze=[visual: invalid YAML at line 1"));
+  // Values the file got wrong still name the file.
+  EXPECT_EQ(parse_error(with_training("  lr: fast\n"), {"training.steps=3"}),
+            "job.yaml: training.lr: expected a number, got 'fast'");
+}
+
+}  // namespace
+}  // namespace loom::config

@@ -1,0 +1,83 @@
+// to_yaml writes every key so that parse_config reads back an equal config.
+#include <gtest/gtest.h>
+
+#include "loom/config/config.h"
+
+namespace loom::config {
+namespace {
+
+const std::string kFixture = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/config/job.yaml";
+
+JobConfig round_trip(const JobConfig& c) { return parse_config(to_yaml(c), c.source); }
+
+TEST(ToYaml, FullExampleRoundTrips) {
+  const JobConfig c = load_config(kFixture);
+  const JobConfig back = round_trip(c);
+  EXPECT_TRUE(back == c) << to_yaml(c);
+  // JSON types survive, not only values (json == compares 1 and 1.0 equal).
+  EXPECT_TRUE(back.model.hf_config["hidden_size"].is_number_integer());
+  EXPECT_TRUE(back.model.hf_config["rope_theta"].is_number_float());
+  EXPECT_TRUE(back.model.hf_config["eos_token_id"].is_string());
+  EXPECT_TRUE(back.model.hf_config["sliding_window"].is_null());
+  EXPECT_EQ(back.model.hf_config.dump(), c.model.hf_config.dump());
+  EXPECT_EQ(to_yaml(back), to_yaml(c));
+}
+
+TEST(ToYaml, DefaultsRoundTripAndDpAutoStaysAuto) {
+  JobConfig c;
+  c.source = "job.yaml";
+  c.model.family = "qwen2_vl";
+  c.model.hf_config_path = "configs/models/tiny.json";
+  c.training.steps = 5;
+  const std::string text = to_yaml(c);
+  EXPECT_NE(text.find("  dp: auto\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  lr: 0.001\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  clip_grad: 1.0\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  init_from: \"\"\n"), std::string::npos) << text;
+  EXPECT_NE(text.find("  freeze: []\n"), std::string::npos) << text;
+  EXPECT_TRUE(round_trip(c) == c) << text;
+}
+
+TEST(ToYaml, AwkwardStringsAndNumbersRoundTrip) {
+  JobConfig c;
+  c.source = "job.yaml";
+  c.model.family = "qwen2_5_vl";
+  c.model.hf_config = nlohmann::json::parse(R"({
+    "true": "true", "n": "null", "digits": "123", "colon": "a: b", "quote": "say \"hi\"\n",
+    "big": 18446744073709551615, "neg": -3, "tiny": 1e-300, "whole": 2.0, "third": 0.3333333333333333,
+    "list": [1, 2.5, "x", null, false, {"k": [{}]}], "empty_list": [], "empty_object": {},
+    "nested": {"deeper": {"deepest": 1}}
+  })");
+  c.model.init_from = "-dir with spaces/#1";
+  c.model.freeze = {"visual", "true", "1", "a,b"};
+  c.parallel.dp = 2;
+  c.training.steps = 1;
+  c.training.lr = 1.0 / 3.0;
+  c.training.min_lr = 1e-12;
+  c.training.adam_eps = 1e-8;
+  c.training.peak_tflops = 123456789.125;
+  c.training.output_dir = "null";
+  c.training.resume = "~";
+  const JobConfig back = round_trip(c);
+  EXPECT_TRUE(back == c) << to_yaml(c);
+  EXPECT_EQ(back.model.hf_config.dump(), c.model.hf_config.dump()) << to_yaml(c);
+  EXPECT_EQ(back.training.lr, 1.0 / 3.0);
+  EXPECT_EQ(back.model.freeze, c.model.freeze);
+  EXPECT_EQ(back.training.resume, "~");
+}
+
+TEST(ToYaml, EqualityNoticesEveryField) {
+  const JobConfig c = load_config(kFixture);
+  JobConfig d = c;
+  d.training.peak_tflops += 1;
+  EXPECT_FALSE(d == c);
+  d = c;
+  d.model.hf_config["hidden_size"] = 65;
+  EXPECT_FALSE(d == c);
+  d = c;
+  d.source = "other.yaml";
+  EXPECT_TRUE(d == c);
+}
+
+}  // namespace
+}  // namespace loom::config

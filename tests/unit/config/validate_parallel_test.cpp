@@ -1,0 +1,119 @@
+// validate_parallel: the layout must fit the model and the world, and unbuilt parallelism is refused.
+#include <gmock/gmock.h>
+#include <gtest/gtest.h>
+
+#include "loom/config/config.h"
+#include "loom/util/errors.h"
+
+namespace loom::config {
+namespace {
+
+using ::testing::HasSubstr;
+
+// The tiny Qwen2-VL of tests/fixtures/hf-qwen2-vl-tiny: 4 heads, 2 kv heads, 2 vision heads,
+// vocabulary 256, 2 layers.
+const ModelDims kTiny{4, 2, 2, 256, 2};
+
+JobConfig job(const std::vector<std::string>& overrides) {
+  return parse_config("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {steps: 10}\n", "job.yaml",
+                      overrides);
+}
+
+std::string error_of(const JobConfig& c, const ModelDims& dims, int64_t world) {
+  try {
+    validate_parallel(c, dims, world);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "expected a ConfigError";
+  return "";
+}
+
+TEST(ValidateParallel, DataParallelLayoutsPass) {
+  EXPECT_NO_THROW(validate_parallel(job({}), kTiny, 1));
+  EXPECT_NO_THROW(validate_parallel(job({}), kTiny, 4));  // dp auto = 4, 32 % (8*4) == 0
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.dp=2", "training.micro_batch_size=16"}), kTiny, 2));
+  EXPECT_EQ(data_parallel_size(job({}).parallel, 4), 4);
+  EXPECT_EQ(data_parallel_size(job({"parallel.dp=2"}).parallel, 8), 2);
+  EXPECT_EQ(data_parallel_size(job({"parallel.tp=2", "parallel.pp=2"}).parallel, 12), 3);
+}
+
+TEST(ValidateParallel, TpMustDivideHeads) {
+  EXPECT_EQ(error_of(job({"parallel.tp=3"}), kTiny, 3),
+            "job.yaml: parallel.tp=3 does not divide model heads (llm 4, vision 2); valid tp: 1, 2");
+  EXPECT_EQ(error_of(job({"parallel.tp=4"}), kTiny, 4),
+            "job.yaml: parallel.tp=4 does not divide model heads (llm 4, vision 2); valid tp: 1, 2");
+}
+
+TEST(ValidateParallel, TpAgainstKvHeads) {
+  // 6 heads, 3 kv heads: tp 2 neither divides 3 nor is a multiple of it; 6 is a multiple (kv replicated).
+  const ModelDims dims{6, 3, 6, 600, 4};
+  EXPECT_EQ(
+      error_of(job({"parallel.tp=2"}), dims, 2),
+      "job.yaml: parallel.tp=2 neither divides the model's 3 kv heads nor is a multiple of them; valid tp: "
+      "1, 3, 6");
+  // tp 6 passes every structural check and then meets the availability check.
+  EXPECT_THAT(error_of(job({"parallel.tp=6"}), dims, 6), HasSubstr("tensor parallelism is not available"));
+}
+
+TEST(ValidateParallel, TpMustDivideVocab) {
+  EXPECT_EQ(error_of(job({"parallel.tp=2"}), ModelDims{4, 2, 2, 255, 2}, 2),
+            "job.yaml: parallel.tp=2 does not divide the vocabulary size 255; valid tp: 1");
+}
+
+TEST(ValidateParallel, PpAtMostLayers) {
+  EXPECT_EQ(error_of(job({"parallel.pp=3"}), kTiny, 3),
+            "job.yaml: parallel.pp=3 exceeds the model's 2 LLM layers; valid pp: 1 to 2");
+}
+
+TEST(ValidateParallel, WorldSizeMustBeTheProduct) {
+  EXPECT_EQ(error_of(job({"parallel.pp=2"}), kTiny, 3),
+            "job.yaml: parallel.dp=auto: world size 3 is not divisible by tp*cp*pp = 1*1*2 = 2");
+  EXPECT_EQ(error_of(job({"parallel.dp=2"}), kTiny, 4),
+            "job.yaml: parallel: tp*cp*pp*dp = 1*1*1*2 = 2 does not equal the world size 4");
+  EXPECT_EQ(error_of(job({"parallel.dp=2", "parallel.tp=2"}), kTiny, 2),
+            "job.yaml: parallel: tp*cp*pp*dp = 2*1*1*2 = 4 does not equal the world size 2");
+}
+
+TEST(ValidateParallel, GlobalBatchDividesIntoMicroBatchesPerRank) {
+  EXPECT_EQ(error_of(job({}), kTiny, 3),
+            "job.yaml: training.global_batch_size=32 is not divisible by micro_batch_size*dp = 8*3 = 24");
+  EXPECT_EQ(error_of(job({"training.global_batch_size=12", "training.micro_batch_size=8"}), kTiny, 1),
+            "job.yaml: training.global_batch_size=12 is not divisible by micro_batch_size*dp = 8*1 = 8");
+}
+
+TEST(ValidateParallel, ExpertAndSequenceParallelShapes) {
+  EXPECT_EQ(error_of(job({"parallel.ep=3", "parallel.dp=2"}), kTiny, 2),
+            "job.yaml: parallel.ep=3 does not divide dp*cp = 2*1 = 2 (expert ranks are carved from them)");
+  EXPECT_EQ(
+      error_of(job({"parallel.sequence_parallel=true"}), kTiny, 1),
+      "job.yaml: parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the sequence across tp "
+      "ranks)");
+}
+
+TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
+  EXPECT_EQ(error_of(job({"parallel.tp=2"}), kTiny, 2),
+            "job.yaml: parallel.tp=2: tensor parallelism is not available in this version of Loom");
+  EXPECT_EQ(error_of(job({"parallel.pp=2"}), kTiny, 2),
+            "job.yaml: parallel.pp=2: pipeline parallelism is not available in this version of Loom");
+  EXPECT_EQ(error_of(job({"parallel.cp=2"}), kTiny, 2),
+            "job.yaml: parallel.cp=2: context parallelism is not available in this version of Loom");
+  EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),
+            "job.yaml: parallel.ep=2: expert parallelism is not available in this version of Loom");
+  EXPECT_EQ(
+      error_of(job({"parallel.tp=2", "parallel.sequence_parallel=true"}), kTiny, 2),
+      "job.yaml: parallel.sequence_parallel=true: sequence parallelism is not available in this version of "
+      "Loom");
+  EXPECT_EQ(error_of(job({"parallel.zero=1"}), kTiny, 1),
+            "job.yaml: parallel.zero=1: ZeRO stage 1 sharding is not available in this version of Loom");
+  EXPECT_EQ(error_of(job({"parallel.zero=3"}), kTiny, 1),
+            "job.yaml: parallel.zero=3: ZeRO stage 3 sharding is not available in this version of Loom");
+}
+
+TEST(ValidateParallel, BadInputs) {
+  EXPECT_EQ(error_of(job({}), kTiny, 0), "job.yaml: world size must be >= 1, got 0");
+  EXPECT_THAT(error_of(job({}), ModelDims{4, 0, 2, 256, 2}, 1), HasSubstr("model sizes must be positive"));
+}
+
+}  // namespace
+}  // namespace loom::config
