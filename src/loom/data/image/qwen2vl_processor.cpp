@@ -1,0 +1,111 @@
+// Qwen2-VL image preprocessing; the arithmetic follows the reference processor step by step
+// (float64 rescale rounded to float32, then float32 normalisation) so results agree to rounding.
+#include "loom/data/image/qwen2vl_processor.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "loom/data/image/resize.h"
+#include "loom/util/errors.h"
+
+namespace loom::data {
+
+GridSize smart_resize(int64_t height, int64_t width, int64_t factor, int64_t min_pixels, int64_t max_pixels) {
+  if (height <= 0 || width <= 0) {
+    throw DataError("smart_resize: image size " + std::to_string(height) + "x" + std::to_string(width) +
+                    " must be positive");
+  }
+  if (factor <= 0 || min_pixels <= 0 || max_pixels < min_pixels) {
+    throw ConfigError("smart_resize: factor " + std::to_string(factor) + ", min_pixels " +
+                      std::to_string(min_pixels) + ", max_pixels " + std::to_string(max_pixels) +
+                      " (need factor > 0 and 0 < min_pixels <= max_pixels)");
+  }
+  const double aspect =
+      static_cast<double>(std::max(height, width)) / static_cast<double>(std::min(height, width));
+  if (aspect > 200.0) {
+    throw DataError("smart_resize: image " + std::to_string(height) + "x" + std::to_string(width) +
+                    " has aspect ratio " + std::to_string(aspect) + ", at most 200 is allowed");
+  }
+  const double f = static_cast<double>(factor);
+  const double h = static_cast<double>(height);
+  const double w = static_cast<double>(width);
+  // std::nearbyint in the default rounding mode rounds half to even, like Python's round().
+  int64_t h_bar = std::max(factor, static_cast<int64_t>(std::nearbyint(h / f)) * factor);
+  int64_t w_bar = std::max(factor, static_cast<int64_t>(std::nearbyint(w / f)) * factor);
+  if (h_bar * w_bar > max_pixels) {
+    const double beta = std::sqrt(h * w / static_cast<double>(max_pixels));
+    h_bar = std::max(factor, static_cast<int64_t>(std::floor(h / beta / f)) * factor);
+    w_bar = std::max(factor, static_cast<int64_t>(std::floor(w / beta / f)) * factor);
+  } else if (h_bar * w_bar < min_pixels) {
+    const double beta = std::sqrt(static_cast<double>(min_pixels) / (h * w));
+    h_bar = static_cast<int64_t>(std::ceil(h * beta / f)) * factor;
+    w_bar = static_cast<int64_t>(std::ceil(w * beta / f)) * factor;
+  }
+  return {h_bar, w_bar};
+}
+
+VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions& options) {
+  const int64_t p = options.patch_size;
+  const int64_t m = options.merge_size;
+  const int64_t T = options.temporal_patch_size;
+  if (p <= 0 || m <= 0 || T <= 0) {
+    throw ConfigError("qwen2vl image options: patch_size " + std::to_string(p) + ", merge_size " +
+                      std::to_string(m) + ", temporal_patch_size " + std::to_string(T) +
+                      " must all be positive");
+  }
+  if (image.height <= 0 || image.width <= 0 ||
+      image.rgb.size() != static_cast<size_t>(image.height) * image.width * 3) {
+    throw DataError("qwen2vl_process_image: image is " + std::to_string(image.height) + "x" +
+                    std::to_string(image.width) + " with " + std::to_string(image.rgb.size()) +
+                    " bytes (expected positive sides and height*width*3 bytes)");
+  }
+  const GridSize size =
+      smart_resize(image.height, image.width, p * m, options.min_pixels, options.max_pixels);
+  Image resized_storage;
+  const Image* source = &image;  // resized only when the size changes
+  if (size.height != image.height || size.width != image.width) {
+    resized_storage = resize_bicubic(image, static_cast<int>(size.height), static_cast<int>(size.width));
+    source = &resized_storage;
+  }
+
+  // (H, W, 3) uint8 -> (3, H, W) float32: x = float(u * (1/255) in double), then (x - mean) / std.
+  const int64_t H = size.height, W = size.width, C = 3;
+  constexpr double kRescale = 1.0 / 255.0;
+  std::vector<float> chw(static_cast<size_t>(C * H * W));
+  for (int64_t y = 0; y < H; ++y) {
+    for (int64_t x = 0; x < W; ++x) {
+      const uint8_t* px = source->pixel(static_cast<int>(y), static_cast<int>(x));
+      for (int64_t c = 0; c < C; ++c) {
+        const float scaled = static_cast<float>(px[c] * kRescale);
+        chw[(c * H + y) * W + x] = (scaled - options.mean[c]) / options.std[c];
+      }
+    }
+  }
+  const at::Tensor planes = at::from_blob(chw.data(), {C, H, W}, at::kFloat);
+
+  // A still image is repeated to fill one temporal patch: (T, C, H, W), gt = 1.
+  const int64_t gt = 1, gh = H / p, gw = W / p;
+  const at::Tensor frames = planes.unsqueeze(0).expand({T, C, H, W});
+  // (gt, T, C, gh/m, m, p, gw/m, m, p) -> (gt, gh/m, gw/m, m, m, C, T, p, p) -> (gt*gh*gw, C*T*p*p)
+  // clone() gives the rows their own memory (the frames alias chw, which goes out of scope).
+  at::Tensor patches = frames.reshape({gt, T, C, gh / m, m, p, gw / m, m, p})
+                           .permute({0, 3, 6, 4, 7, 2, 1, 5, 8})
+                           .clone(at::MemoryFormat::Contiguous)
+                           .view({gt * gh * gw, C * T * p * p});
+  return {patches, {gt, gh, gw}};
+}
+
+int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {
+  const int64_t unit = merge * merge;
+  const int64_t patches = grid[0] * grid[1] * grid[2];
+  if (merge <= 0 || patches % unit != 0) {
+    throw DataError("merged_token_count: grid (" + std::to_string(grid[0]) + ", " + std::to_string(grid[1]) +
+                    ", " + std::to_string(grid[2]) + ") does not divide into " + std::to_string(merge) + "x" +
+                    std::to_string(merge) + " merge windows");
+  }
+  return patches / unit;
+}
+
+}  // namespace loom::data
