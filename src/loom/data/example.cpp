@@ -1,0 +1,93 @@
+// Chat template, label mask and batch collation for vision-language examples.
+#include "loom/data/example.h"
+
+#include <algorithm>
+
+#include "loom/util/errors.h"
+
+namespace loom::data {
+
+const std::vector<std::string>& chat_template_words() {
+  static const std::vector<std::string> words = {"user", "assistant"};
+  return words;
+}
+
+TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSample& sample,
+                                   const Qwen2VLImageOptions& options, bool with_answer) {
+  TokenizedExample ex;
+  ex.vision = qwen2vl_process_image(sample.image, options);
+  ex.answer = sample.answer;
+  ex.question_type = sample.question_type;
+  const int64_t image_tokens = merged_token_count(ex.vision.grid_thw, options.merge_size);
+
+  std::vector<int64_t>& ids = ex.input_ids;
+  const int64_t im_start = tokenizer.id("<|im_start|>"), im_end = tokenizer.id("<|im_end|>");
+  ids.push_back(im_start);
+  ids.push_back(tokenizer.id("user"));
+  ids.push_back(tokenizer.id("<|vision_start|>"));
+  ids.insert(ids.end(), image_tokens, tokenizer.id("<|image_pad|>"));
+  ids.push_back(tokenizer.id("<|vision_end|>"));
+  const std::vector<int64_t> question = tokenizer.encode(sample.question);
+  ids.insert(ids.end(), question.begin(), question.end());
+  ids.push_back(im_end);
+  ids.push_back(im_start);
+  ids.push_back(tokenizer.id("assistant"));
+  ex.prompt_length = static_cast<int64_t>(ids.size());
+  ex.labels.assign(ids.size(), kIgnoreIndex);
+  if (with_answer) {
+    std::vector<int64_t> answer = tokenizer.encode(sample.answer);
+    answer.push_back(im_end);
+    ids.insert(ids.end(), answer.begin(), answer.end());
+    ex.labels.insert(ex.labels.end(), answer.begin(), answer.end());
+  }
+  return ex;
+}
+
+Batch collate(const std::vector<TokenizedExample>& examples, int64_t pad_id) {
+  if (examples.empty()) throw DataError("collate needs at least one example, got none");
+  const int64_t batch = static_cast<int64_t>(examples.size());
+  int64_t length = 0;
+  for (const TokenizedExample& ex : examples) {
+    if (ex.input_ids.size() != ex.labels.size()) {
+      throw DataError(fmt::format("collate: example with {} input ids has {} labels", ex.input_ids.size(),
+                                  ex.labels.size()));
+    }
+    length = std::max<int64_t>(length, ex.input_ids.size());
+  }
+  Batch out;
+  out.input_ids = at::full({batch, length}, pad_id, at::kLong);
+  out.labels = at::full({batch, length}, kIgnoreIndex, at::kLong);
+  out.attention_mask = at::zeros({batch, length}, at::kLong);
+  auto ids = out.input_ids.accessor<int64_t, 2>();
+  auto labels = out.labels.accessor<int64_t, 2>();
+  auto mask = out.attention_mask.accessor<int64_t, 2>();
+  std::vector<at::Tensor> pixels;
+  std::vector<int64_t> grids;
+  for (int64_t b = 0; b < batch; ++b) {
+    const TokenizedExample& ex = examples[b];
+    for (size_t t = 0; t < ex.input_ids.size(); ++t) {
+      ids[b][t] = ex.input_ids[t];
+      labels[b][t] = ex.labels[t];
+      mask[b][t] = 1;
+      if (ex.labels[t] != kIgnoreIndex) ++out.num_target_tokens;
+    }
+    if (ex.vision.pixel_values.defined()) {
+      const auto& g = ex.vision.grid_thw;
+      if (ex.vision.pixel_values.dim() != 2 || ex.vision.pixel_values.size(0) != g[0] * g[1] * g[2]) {
+        throw DataError(
+            fmt::format("collate: example {} needs 2-D pixel_values with {} rows for grid ({}, {}, {})", b,
+                        g[0] * g[1] * g[2], g[0], g[1], g[2]));
+      }
+      pixels.push_back(ex.vision.pixel_values);
+      grids.insert(grids.end(), g.begin(), g.end());
+    }
+    out.answers.push_back(ex.answer);
+    out.question_types.push_back(ex.question_type);
+  }
+  // pixel_values (sum of patches, 1176); image_grid_thw (num_images, 3)
+  out.pixel_values = pixels.empty() ? at::empty({0, 0}, at::kFloat) : at::cat(pixels, 0).to(at::kFloat);
+  out.image_grid_thw = at::tensor(grids, at::kLong).reshape({static_cast<int64_t>(grids.size() / 3), 3});
+  return out;
+}
+
+}  // namespace loom::data

@@ -1,0 +1,47 @@
+// Chat-formatted training examples (tokens, label mask, image patches) and their collation
+// into padded batches for the model.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/synth/shapes_vqa.h"
+#include "loom/data/tokenizer/word_tokenizer.h"
+
+namespace loom::data {
+
+constexpr int64_t kIgnoreIndex = -100;  // label of a token that carries no loss
+
+struct TokenizedExample {
+  std::vector<int64_t> input_ids, labels;  // labels aligned with input_ids, kIgnoreIndex = no loss
+  VisionInput vision;
+  std::string answer, question_type;
+  int64_t prompt_length = 0;  // tokens before the answer
+};
+
+// Words of the chat template beyond the specials; a word tokenizer for chat data includes them.
+const std::vector<std::string>& chat_template_words();  // {"user", "assistant"}
+
+// <|im_start|> user <|vision_start|> <|image_pad|> x N <|vision_end|> QUESTION <|im_end|>
+// <|im_start|> assistant [ANSWER <|im_end|>], N = merged tokens of the image. Labels are the
+// answer tokens and the final <|im_end|>; without the answer the example is a generation prompt.
+TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSample& sample,
+                                   const Qwen2VLImageOptions& options, bool with_answer);
+
+struct Batch {
+  at::Tensor input_ids;           // (B, L) int64, right-padded with pad_id
+  at::Tensor labels;              // (B, L) int64, kIgnoreIndex on padding and prompt
+  at::Tensor attention_mask;      // (B, L) int64, 1 real token, 0 padding
+  at::Tensor pixel_values;        // (sum of patches, 1176) float32, images in order of appearance
+  at::Tensor image_grid_thw;      // (num_images, 3) int64
+  int64_t num_target_tokens = 0;  // count of labels != kIgnoreIndex
+  std::vector<std::string> answers, question_types;
+};
+
+// Pads to the longest example; examples without an image (undefined pixel_values) add none.
+Batch collate(const std::vector<TokenizedExample>& examples, int64_t pad_id);
+
+}  // namespace loom::data

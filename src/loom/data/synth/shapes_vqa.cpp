@@ -1,0 +1,260 @@
+// Shapes VQA generation: counter-based randomness, scene sampling, drawing and questions.
+#include "loom/data/synth/shapes_vqa.h"
+
+#include <algorithm>
+#include <array>
+#include <set>
+#include <sstream>
+
+#include "loom/util/errors.h"
+
+namespace loom::data {
+namespace {
+
+// splitmix64's output function: a bijective 64-bit mixer.
+uint64_t mix64(uint64_t x) {
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+// A splitmix64 stream whose start is a hash of (seed, split, index): sample i draws the same
+// numbers on every run, machine and thread, and owns no shared state.
+class CounterRng {
+ public:
+  CounterRng(uint64_t seed, uint64_t split, uint64_t index)
+      : state_(mix64(mix64(mix64(seed + 0x9e3779b97f4a7c15ULL) ^ split) + index)) {}
+  uint64_t next() {
+    state_ += 0x9e3779b97f4a7c15ULL;
+    return mix64(state_);
+  }
+  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }  // [0, n)
+  int between(int lo, int hi) { return lo + below(hi - lo + 1); }                   // [lo, hi]
+
+ private:
+  uint64_t state_;
+};
+
+const std::vector<std::string> kShapes = {"circle", "square", "triangle"};
+const std::vector<std::string> kColors = {"red", "green", "blue", "yellow", "white"};
+const std::vector<std::string> kPositions = {"top left", "top right", "bottom left", "bottom right"};
+const std::vector<std::string> kCountWords = {"zero", "one", "two", "three", "four"};
+const std::vector<std::array<int, 3>> kColorRgb = {
+    {215, 40, 40}, {40, 195, 60}, {50, 80, 230}, {230, 215, 45}, {235, 235, 235}};
+const std::array<int, 3> kBackgroundRgb = {18, 18, 26};
+
+// Question phrasings; {shape} and {color} are filled from the scene.
+const std::vector<std::string> kColorQuestions = {"what color is the {shape} ?",
+                                                  "what is the color of the {shape} ?",
+                                                  "which color does the {shape} have ?"};
+const std::vector<std::string> kShapeQuestions = {"what shape is the {color} object ?",
+                                                  "which shape is {color} ?",
+                                                  "what is the shape of the {color} object ?"};
+const std::vector<std::string> kCountAllQuestions = {"how many shapes are there ?",
+                                                     "how many objects are in the image ?"};
+const std::vector<std::string> kCountColorQuestions = {"how many {color} shapes are there ?",
+                                                       "how many {color} objects are in the image ?"};
+const std::vector<std::string> kPositionQuestions = {"where is the {color} {shape} ?",
+                                                     "in which corner is the {color} {shape} ?",
+                                                     "which part of the image has the {color} {shape} ?"};
+
+constexpr int kQuadrants = 4;
+constexpr int kEvalOneIn = 10;  // about a tenth of all scenes belong to the eval split
+
+struct Cell {
+  int shape = -1, color = -1;  // indices into kShapes / kColors; shape -1 = empty quadrant
+  bool empty() const { return shape < 0; }
+};
+using Scene = std::array<Cell, kQuadrants>;  // top left, top right, bottom left, bottom right
+
+// The scene's content alone decides its split, so train and eval are disjoint by construction
+// and for every seed.
+Split split_of(const Scene& scene) {
+  uint64_t code = 0;
+  for (const Cell& cell : scene) {
+    code = code * 16 + (cell.empty() ? 0 : 1 + cell.shape * 5 + cell.color);
+  }
+  return mix64(code ^ 0x5ca1ab1e0ddba11ULL) % kEvalOneIn == 0 ? Split::eval : Split::train;
+}
+
+Scene random_scene(CounterRng& rng) {
+  Scene scene;
+  do {
+    for (Cell& cell : scene) {
+      cell = Cell{};
+      if (rng.below(5) < 3) cell = Cell{rng.below(3), rng.below(5)};
+    }
+  } while (std::all_of(scene.begin(), scene.end(), [](const Cell& c) { return c.empty(); }));
+  return scene;
+}
+
+std::string fill(std::string text, const std::string& key, const std::string& value) {
+  const size_t at = text.find(key);
+  if (at != std::string::npos) text.replace(at, key.size(), value);
+  return text;
+}
+
+struct Question {
+  std::string question, answer;
+};
+
+// Picks a question of the given type that the scene answers unambiguously; false if none.
+bool make_question(const std::string& type, const Scene& scene, CounterRng& rng, Question& out) {
+  std::vector<int> shape_count(3, 0), color_count(5, 0), pair_count(15, 0);
+  int total = 0;
+  for (const Cell& cell : scene) {
+    if (cell.empty()) continue;
+    ++shape_count[cell.shape];
+    ++color_count[cell.color];
+    ++pair_count[cell.shape * 5 + cell.color];
+    ++total;
+  }
+  std::vector<int> choices;
+  if (type == "color") {
+    for (int q = 0; q < kQuadrants; ++q)
+      if (!scene[q].empty() && shape_count[scene[q].shape] == 1) choices.push_back(q);
+    if (choices.empty()) return false;
+    const Cell& cell = scene[choices[rng.below(choices.size())]];
+    out.question = fill(kColorQuestions[rng.below(kColorQuestions.size())], "{shape}", kShapes[cell.shape]);
+    out.answer = kColors[cell.color];
+  } else if (type == "shape") {
+    for (int q = 0; q < kQuadrants; ++q)
+      if (!scene[q].empty() && color_count[scene[q].color] == 1) choices.push_back(q);
+    if (choices.empty()) return false;
+    const Cell& cell = scene[choices[rng.below(choices.size())]];
+    out.question = fill(kShapeQuestions[rng.below(kShapeQuestions.size())], "{color}", kColors[cell.color]);
+    out.answer = kShapes[cell.shape];
+  } else if (type == "count") {
+    if (rng.below(2) == 0) {
+      out.question = kCountAllQuestions[rng.below(kCountAllQuestions.size())];
+      out.answer = kCountWords[total];
+    } else {
+      // Half the time ask about a colour that is present, so "zero" does not dominate.
+      int color = rng.below(5);
+      if (rng.below(2) == 0) {
+        std::vector<int> present;
+        for (const Cell& cell : scene)
+          if (!cell.empty()) present.push_back(cell.color);
+        color = present[rng.below(present.size())];
+      }
+      out.question =
+          fill(kCountColorQuestions[rng.below(kCountColorQuestions.size())], "{color}", kColors[color]);
+      out.answer = kCountWords[color_count[color]];
+    }
+  } else {  // position
+    for (int q = 0; q < kQuadrants; ++q)
+      if (!scene[q].empty() && pair_count[scene[q].shape * 5 + scene[q].color] == 1) choices.push_back(q);
+    if (choices.empty()) return false;
+    const int q = choices[rng.below(choices.size())];
+    const std::string& phrasing = kPositionQuestions[rng.below(kPositionQuestions.size())];
+    out.question =
+        fill(fill(phrasing, "{color}", kColors[scene[q].color]), "{shape}", kShapes[scene[q].shape]);
+    out.answer = kPositions[q];
+  }
+  return true;
+}
+
+uint8_t clamp_u8(int v) { return static_cast<uint8_t>(std::min(255, std::max(0, v))); }
+
+// Adds per-pixel noise in [-amplitude, amplitude] to every channel.
+void draw_noise(Image& image, CounterRng& rng, int amplitude) {
+  const int span = 2 * amplitude + 1;
+  for (size_t i = 0; i < image.rgb.size(); i += 3) {
+    const uint64_t bits = rng.next();
+    for (int c = 0; c < 3; ++c) {
+      const int noise = static_cast<int>((bits >> (16 * c)) % span) - amplitude;
+      image.rgb[i + c] = clamp_u8(image.rgb[i + c] + noise);
+    }
+  }
+}
+
+// Is pixel (u, v) of a side x side box inside the shape? Integer tests on pixel centres.
+bool covers(int shape, int u, int v, int side) {
+  const int dx = 2 * u + 1 - side, dy = 2 * v + 1 - side;
+  switch (shape) {
+    case 0:  // circle inscribed in the box
+      return dx * dx + dy * dy <= side * side;
+    case 1:  // square filling the box
+      return true;
+    default:  // triangle: apex at the top middle, base along the bottom edge
+      return 2 * std::abs(dx) <= 2 * v + 1;
+  }
+}
+
+// Draws one shape inside quadrant q: size 55-80% of the quadrant side, at a random offset.
+void draw_shape(Image& image, int q, const Cell& cell, CounterRng& rng) {
+  const int half = image.width / 2;
+  const int side = rng.between(half * 55 / 100, half * 80 / 100);
+  const int x0 = (q % 2) * half + rng.between(0, half - side);
+  const int y0 = (q / 2) * half + rng.between(0, half - side);
+  std::array<uint8_t, 3> rgb;
+  for (int c = 0; c < 3; ++c) rgb[c] = clamp_u8(kColorRgb[cell.color][c] + rng.between(-12, 12));
+  for (int v = 0; v < side; ++v) {
+    for (int u = 0; u < side; ++u) {
+      if (!covers(cell.shape, u, v, side)) continue;
+      uint8_t* p = image.pixel(y0 + v, x0 + u);
+      std::copy(rgb.begin(), rgb.end(), p);
+    }
+  }
+}
+
+Image draw_scene(const Scene& scene, int size, CounterRng& rng) {
+  std::array<uint8_t, 3> background;
+  for (int c = 0; c < 3; ++c) background[c] = clamp_u8(kBackgroundRgb[c] + rng.between(-6, 6));
+  Image image = Image::filled(size, size, background[0], background[1], background[2]);
+  for (int q = 0; q < kQuadrants; ++q)
+    if (!scene[q].empty()) draw_shape(image, q, scene[q], rng);
+  draw_noise(image, rng, 6);
+  return image;
+}
+
+std::vector<std::string> words_of(const std::string& text) {
+  std::istringstream in(text);
+  std::vector<std::string> words;
+  for (std::string w; in >> w;) words.push_back(w);
+  return words;
+}
+
+}  // namespace
+
+ShapesVqa::ShapesVqa(uint64_t seed, int64_t image_size) : seed_(seed), image_size_(image_size) {
+  if (image_size <= 0 || image_size % 28 != 0 || image_size > 28 * 64) {
+    throw ConfigError(fmt::format("shapes_vqa image_size must be a positive multiple of 28 up to {}, got {}",
+                                  28 * 64, image_size));
+  }
+}
+
+const std::vector<std::string>& ShapesVqa::question_types() {
+  static const std::vector<std::string> types = {"color", "shape", "count", "position"};
+  return types;
+}
+
+std::vector<std::string> ShapesVqa::vocabulary() {
+  std::set<std::string> words;
+  for (const auto* list : {&kColorQuestions, &kShapeQuestions, &kCountAllQuestions, &kCountColorQuestions,
+                           &kPositionQuestions, &kShapes, &kColors, &kPositions, &kCountWords}) {
+    for (const std::string& text : *list)
+      for (const std::string& w : words_of(text))
+        if (w != "{shape}" && w != "{color}") words.insert(w);
+  }
+  return {words.begin(), words.end()};
+}
+
+VqaSample ShapesVqa::sample(Split split, int64_t index) const {
+  if (index < 0) throw DataError(fmt::format("shapes_vqa sample index must be >= 0, got {}", index));
+  CounterRng rng(seed_, split == Split::train ? 0 : 1, static_cast<uint64_t>(index));
+  const std::string& type = question_types()[rng.below(question_types().size())];
+  // Resample the scene until it belongs to the requested split and admits a question of the
+  // chosen type; each try succeeds with probability above 1/20, so the bound is never reached.
+  for (int attempt = 0; attempt < 100000; ++attempt) {
+    const Scene scene = random_scene(rng);
+    if (split_of(scene) != split) continue;
+    Question question;
+    if (!make_question(type, scene, rng, question)) continue;
+    return VqaSample{draw_scene(scene, static_cast<int>(image_size_), rng), question.question,
+                     question.answer, type};
+  }
+  throw DataError(fmt::format("shapes_vqa could not build sample {} of type {}", index, type));
+}
+
+}  // namespace loom::data
