@@ -1,0 +1,55 @@
+// The Qwen2 language model used by Qwen2-VL and Qwen2.5-VL: pre-norm decoder blocks with GQA
+// attention (q/k/v bias, M-RoPE) and a SwiGLU MLP, final RMSNorm.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+#include "loom/models/qwen2_vl/config.h"
+#include "loom/nn/norm.h"
+#include "loom/parallel/tensor.h"
+
+namespace loom::models {
+
+class TextAttention : public torch::nn::Module {
+ public:
+  TextAttention(const TextConfig& config, const parallel::ParamOptions& options);
+  // x (B, L, hidden), cos/sin (B, L, 1, head_dim) -> (B, L, hidden)
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
+  std::shared_ptr<parallel::RowParallelLinear> o_proj;
+  int64_t num_heads, num_kv_heads, head_dim;
+};
+
+class TextMlp : public torch::nn::Module {
+ public:
+  TextMlp(const TextConfig& config, const parallel::ParamOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;  // (..., hidden) -> (..., hidden)
+  std::shared_ptr<parallel::ColumnParallelLinear> gate_proj, up_proj;
+  std::shared_ptr<parallel::RowParallelLinear> down_proj;
+};
+
+class DecoderLayer : public torch::nn::Module {
+ public:
+  DecoderLayer(const TextConfig& config, const parallel::ParamOptions& options);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<TextAttention> self_attn;
+  std::shared_ptr<TextMlp> mlp;
+};
+
+// model.* in HuggingFace names: embed_tokens, layers, norm.
+class TextModel : public torch::nn::Module {
+ public:
+  TextModel(const TextConfig& config, const parallel::ParamOptions& options);
+  // inputs_embeds (B, L, hidden), position_ids (3, B, L) -> hidden states after the final norm.
+  at::Tensor forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids) const;
+  std::shared_ptr<parallel::VocabParallelEmbedding> embed_tokens;
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  std::shared_ptr<nn::RMSNorm> norm;
+  TextConfig config;
+};
+
+}  // namespace loom::models

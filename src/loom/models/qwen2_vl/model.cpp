@@ -1,0 +1,139 @@
+#include "loom/models/qwen2_vl/model.h"
+
+#include "loom/util/errors.h"
+
+namespace loom::models {
+
+RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw, const at::Tensor& attention_mask,
+                     const Qwen2VLConfig& config) {
+  const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  const int64_t merge = config.vision.spatial_merge_size;
+  auto ids_tensor = input_ids.to(at::kLong).contiguous();
+  auto ids = ids_tensor.accessor<int64_t, 2>();
+  at::Tensor mask_tensor = attention_mask.defined() ? attention_mask.to(at::kLong).contiguous()
+                                                    : at::ones({batch, length}, at::kLong);
+  auto mask = mask_tensor.accessor<int64_t, 2>();
+  at::Tensor grid_tensor =
+      image_grid_thw.defined() ? image_grid_thw.to(at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
+  auto grid = grid_tensor.accessor<int64_t, 2>();
+  // Qwen2.5-VL spaces the temporal axis by seconds; a still image has no time extent.
+  const bool time_scaled = config.family() == VisionFamily::qwen2_5_vl;
+
+  auto positions = at::ones({3, batch, length}, at::kLong);
+  auto pos = positions.accessor<int64_t, 3>();
+  auto deltas = at::zeros({batch, 1}, at::kLong);
+  int64_t image = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    std::vector<int64_t> real;  // indices of real tokens
+    for (int64_t i = 0; i < length; ++i)
+      if (mask[b][i]) real.push_back(i);
+    int64_t next = 0;  // next position id to hand out
+    int64_t max_pos = -1;
+    size_t k = 0;
+    while (k < real.size()) {
+      const int64_t token = ids[b][real[k]];
+      if (token == config.tokens.video)
+        throw ModelError("video inputs are not supported by this version of Loom's Qwen2-VL (sample " +
+                         std::to_string(b) + ")");
+      if (token != config.tokens.image) {
+        for (int axis = 0; axis < 3; ++axis) pos[axis][b][real[k]] = next;
+        max_pos = next++;
+        ++k;
+        continue;
+      }
+      if (image >= grid_tensor.size(0))
+        throw ModelError(fmt::format("sample {} has more image blocks than image_grid_thw rows ({})", b,
+                                     grid_tensor.size(0)));
+      const int64_t t = grid[image][0], h = grid[image][1] / merge, w = grid[image][2] / merge;
+      const int64_t count = t * h * w;
+      if (k + count > real.size())
+        throw ModelError(fmt::format("sample {}: image {} needs {} image tokens, the sequence ends first", b, image, count));
+      const int64_t start = next;
+      for (int64_t ti = 0; ti < t; ++ti)
+        for (int64_t hi = 0; hi < h; ++hi)
+          for (int64_t wi = 0; wi < w; ++wi) {
+            const int64_t at_index = real[k++];
+            if (ids[b][at_index] != config.tokens.image)
+              throw ModelError(fmt::format("sample {}: image {} has fewer image tokens than its grid needs ({})", b,
+                                           image, count));
+            pos[0][b][at_index] = start + (time_scaled ? 0 : ti);
+            pos[1][b][at_index] = start + hi;
+            pos[2][b][at_index] = start + wi;
+            max_pos = std::max({max_pos, pos[0][b][at_index], pos[1][b][at_index], pos[2][b][at_index]});
+          }
+      next = max_pos + 1;
+      ++image;
+    }
+    deltas[b][0] = max_pos + 1 - length;
+  }
+  if (image != grid_tensor.size(0))
+    throw ModelError(fmt::format("image_grid_thw has {} images but the input ids hold {} image blocks",
+                                 grid_tensor.size(0), image));
+  return {positions, deltas};
+}
+
+Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(const Qwen2VLConfig& c,
+                                                                 const parallel::ParamOptions& options)
+    : config(c) {
+  visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, options));
+  model = register_module("model", std::make_shared<TextModel>(c.text, options));
+  if (!c.text.tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
+                                             c.text.hidden_size, c.text.vocab_size, false, options));
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,
+                                                             const at::Tensor& image_grid_thw) const {
+  return visual->forward(pixel_values, image_grid_thw);
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& in) const {
+  auto embeds = model->embed_tokens->forward(in.input_ids);  // (B, L, hidden)
+  if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
+    auto image_embeds = image_embeddings(in.pixel_values, in.image_grid_thw).to(embeds.scalar_type());
+    auto is_image = (in.input_ids == config.tokens.image).unsqueeze(-1);  // (B, L, 1)
+    const int64_t slots = is_image.sum().item<int64_t>();
+    if (slots != image_embeds.size(0))
+      throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings", slots,
+                                   image_embeds.size(0)));
+    embeds = embeds.masked_scatter(is_image, image_embeds);
+  }
+  at::Tensor positions = in.position_ids;
+  if (!positions.defined()) positions = rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config).position_ids;
+  return model->forward(embeds, positions);
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {
+  if (lm_head) return lm_head->forward(hidden);
+  return at::linear(hidden, model->embed_tokens->weight);
+}
+
+double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t>& sequence_lengths,
+                                                       const at::Tensor& image_grid_thw) const {
+  // 2 FLOPs per multiply-add in the forward, 3x for forward + backward.
+  const auto& t = config.text;
+  const auto& v = config.vision;
+  const double kv = t.num_kv_heads * t.head_dim();
+  const double per_token_layer =
+      2.0 * t.hidden_size * (t.hidden_size * 2 + kv * 2) + 2.0 * 3 * t.hidden_size * t.intermediate_size;
+  const double per_token = t.num_layers * per_token_layer + 2.0 * t.hidden_size * t.vocab_size;
+  double flops = 0;
+  for (auto l : sequence_lengths)
+    flops += l * per_token + t.num_layers * 2.0 * 2.0 * static_cast<double>(l) * l * t.hidden_size;
+  if (image_grid_thw.defined() && image_grid_thw.numel() > 0) {
+    const double mlp_mats = v.family == VisionFamily::qwen2_vl ? 2 : 3;
+    const double per_patch = 2.0 * v.patch_row_width() * v.width +
+                             v.depth * (2.0 * v.width * 4 * v.width + 2.0 * mlp_mats * v.width * v.mlp_hidden) +
+                             (2.0 * v.merged_width() * v.merged_width() + 2.0 * v.merged_width() * v.out_width) /
+                                 (v.spatial_merge_size * v.spatial_merge_size);
+    auto grid = image_grid_thw.to(at::kLong).contiguous();
+    auto g = grid.accessor<int64_t, 2>();
+    for (int64_t i = 0; i < grid.size(0); ++i) {
+      const double frame = static_cast<double>(g[i][1]) * g[i][2];
+      flops += g[i][0] * (frame * per_patch + v.depth * 2.0 * 2.0 * frame * frame * v.width);
+    }
+  }
+  return 3.0 * flops;
+}
+
+}  // namespace loom::models

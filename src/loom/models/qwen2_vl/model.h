@@ -1,0 +1,55 @@
+// Qwen2-VL / Qwen2.5-VL for conditional generation: vision tower + Qwen2 LLM + LM head, with
+// HuggingFace parameter names (visual.*, model.*, lm_head.*).
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+
+#include "loom/models/qwen2_vl/config.h"
+#include "loom/models/qwen2_vl/language.h"
+#include "loom/models/qwen2_vl/vision.h"
+
+namespace loom::models {
+
+struct VisionLanguageInputs {
+  at::Tensor input_ids;       // (B, L) int64, image pads already expanded
+  at::Tensor attention_mask;  // (B, L) int64, 1 for real tokens; undefined = all real
+  at::Tensor pixel_values;    // (patches, C*T*P*P) or undefined when there are no images
+  at::Tensor image_grid_thw;  // (images, 3) int64
+  at::Tensor position_ids;    // (3, B, L); undefined = computed with rope_index
+};
+
+struct RopeIndex {
+  at::Tensor position_ids;  // (3, B, L) int64
+  at::Tensor rope_deltas;   // (B, 1) int64: max position + 1 - sequence length
+};
+
+// M-RoPE position ids: text runs count up on all three axes; an image block starting at s takes
+// (s + t, s + row, s + col) over its merged grid; text after it continues at max + 1. Padding
+// (attention_mask 0) gets position 1.
+RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw, const at::Tensor& attention_mask,
+                     const Qwen2VLConfig& config);
+
+class Qwen2VLForConditionalGeneration : public torch::nn::Module {
+ public:
+  Qwen2VLForConditionalGeneration(const Qwen2VLConfig& config, const parallel::ParamOptions& options);
+
+  // Vision embeddings after the merger: (patches/4, hidden).
+  at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
+  // Final hidden states (B, L, hidden) after the last norm.
+  at::Tensor hidden_states(const VisionLanguageInputs& inputs) const;
+  // LM head: (..., hidden) -> (..., vocab).
+  at::Tensor logits(const at::Tensor& hidden) const;
+  at::Tensor forward(const VisionLanguageInputs& inputs) const { return logits(hidden_states(inputs)); }
+
+  // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
+  double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
+
+  std::shared_ptr<VisionTransformer> visual;
+  std::shared_ptr<TextModel> model;
+  std::shared_ptr<parallel::ColumnParallelLinear> lm_head;  // null when tied to embed_tokens
+  Qwen2VLConfig config;
+};
+
+}  // namespace loom::models

@@ -1,0 +1,189 @@
+#include "loom/models/qwen2_vl/vision.h"
+
+#include "loom/nn/attention.h"
+#include "loom/nn/module_list.h"
+#include "loom/nn/rope.h"
+#include "loom/util/errors.h"
+
+namespace loom::models {
+
+namespace {
+
+constexpr double kVisionNormEps = 1e-6;
+constexpr double kVisionRopeTheta = 10000.0;
+
+std::shared_ptr<torch::nn::Module> make_norm(bool rms, int64_t dim, const parallel::ParamOptions& options) {
+  if (rms) return std::make_shared<nn::RMSNorm>(dim, kVisionNormEps, options);
+  return std::make_shared<nn::LayerNorm>(dim, kVisionNormEps, options);
+}
+
+at::Tensor apply_norm(bool rms, const torch::nn::Module& norm, const at::Tensor& x) {
+  if (rms) return static_cast<const nn::RMSNorm&>(norm).forward(x);
+  return static_cast<const nn::LayerNorm&>(norm).forward(x);
+}
+
+}  // namespace
+
+PatchEmbed::PatchEmbed(const VisionConfig& c, const parallel::ParamOptions& options) {
+  auto holder = std::make_shared<nn::WeightHolder>(
+      at::IntArrayRef{c.width, c.in_channels, c.temporal_patch_size, c.patch_size, c.patch_size},
+      options.tensor_options());
+  proj = register_module("proj", holder);
+  weight = holder->weight;
+}
+
+at::Tensor PatchEmbed::forward(const at::Tensor& pixel_rows) const {
+  // A stride-equals-kernel Conv3d over one patch is a matrix product with the flattened kernel.
+  return at::matmul(pixel_rows.to(weight.scalar_type()), weight.flatten(1).t());
+}
+
+VisionAttention::VisionAttention(const VisionConfig& c, const parallel::ParamOptions& options)
+    : num_heads(c.num_heads) {
+  qkv = register_module("qkv", std::make_shared<parallel::ColumnParallelLinear>(c.width, 3 * c.width, true, options));
+  proj = register_module("proj", std::make_shared<parallel::RowParallelLinear>(c.width, c.width, true, options));
+}
+
+at::Tensor VisionAttention::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
+                                    const at::Tensor& sin) const {
+  const int64_t n = x.size(0);
+  auto qkv_out = qkv->forward(x).view({n, 3, num_heads, -1});  // (N, 3, H, D), laid out [q|k|v]
+  auto q = nn::apply_rotary(qkv_out.select(1, 0), cos, sin);   // (N, H, D)
+  auto k = nn::apply_rotary(qkv_out.select(1, 1), cos, sin);
+  auto v = qkv_out.select(1, 2);
+  auto out = nn::segment_attention(q, k, v, cu_seqlens);       // (N, H, D)
+  return proj->forward(out.reshape({n, -1}));
+}
+
+VisionMlp::VisionMlp(const VisionConfig& c, const parallel::ParamOptions& options) {
+  if (c.family == VisionFamily::qwen2_vl) {
+    fc1 = register_module("fc1", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
+    fc2 = register_module("fc2", std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
+  } else {
+    gate_proj = register_module(
+        "gate_proj", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
+    up_proj =
+        register_module("up_proj", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
+    down_proj = register_module("down_proj",
+                                std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
+  }
+}
+
+at::Tensor VisionMlp::forward(const at::Tensor& x) const {
+  if (fc1) {
+    auto h = fc1->forward(x);
+    return fc2->forward(h * at::sigmoid(1.702 * h));  // QuickGELU
+  }
+  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+}
+
+VisionBlock::VisionBlock(const VisionConfig& c, const parallel::ParamOptions& options)
+    : rms_(c.family == VisionFamily::qwen2_5_vl) {
+  norm1 = register_module("norm1", make_norm(rms_, c.width, options));
+  norm2 = register_module("norm2", make_norm(rms_, c.width, options));
+  attn = register_module("attn", std::make_shared<VisionAttention>(c, options));
+  mlp = register_module("mlp", std::make_shared<VisionMlp>(c, options));
+}
+
+at::Tensor VisionBlock::norm(const torch::nn::Module& n, const at::Tensor& x) const { return apply_norm(rms_, n, x); }
+
+at::Tensor VisionBlock::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
+                                const at::Tensor& sin) const {
+  auto h = x + attn->forward(norm(*norm1, x), cu_seqlens, cos, sin);
+  return h + mlp->forward(norm(*norm2, h));
+}
+
+PatchMerger::PatchMerger(const VisionConfig& c, const parallel::ParamOptions& options)
+    : rms_(c.family == VisionFamily::qwen2_5_vl), merged_width_(c.merged_width()) {
+  ln_q = register_module("ln_q", make_norm(rms_, c.width, options));
+  auto mlp = register_module("mlp", std::make_shared<nn::ModuleList>());
+  fc_in = mlp->add("0", std::make_shared<parallel::ColumnParallelLinear>(merged_width_, merged_width_, true, options));
+  fc_out = mlp->add("2", std::make_shared<parallel::RowParallelLinear>(merged_width_, c.out_width, true, options));
+}
+
+at::Tensor PatchMerger::forward(const at::Tensor& x) const {
+  auto h = apply_norm(rms_, *ln_q, x).reshape({-1, merged_width_});  // 4 consecutive rows = one 2x2 unit
+  return fc_out->forward(at::gelu(fc_in->forward(h)));
+}
+
+std::vector<int64_t> vision_frame_cu_seqlens(const at::Tensor& grid_thw) {
+  auto grid = grid_thw.to(at::kLong).contiguous();
+  auto g = grid.accessor<int64_t, 2>();
+  std::vector<int64_t> cu{0};
+  for (int64_t i = 0; i < grid.size(0); ++i)
+    for (int64_t t = 0; t < g[i][0]; ++t) cu.push_back(cu.back() + g[i][1] * g[i][2]);
+  return cu;
+}
+
+WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& c) {
+  const int64_t units_per_window = c.window_size / c.spatial_merge_size / c.patch_size;  // window side in units
+  const int64_t unit_patches = c.spatial_merge_size * c.spatial_merge_size;
+  if (units_per_window <= 0)
+    throw ModelError(fmt::format("vision_config.window_size {} is smaller than one merge unit", c.window_size));
+  auto grid = grid_thw.to(at::kLong).contiguous();
+  auto g = grid.accessor<int64_t, 2>();
+  std::vector<int64_t> order;
+  std::vector<int64_t> cu{0};
+  int64_t base = 0;
+  for (int64_t i = 0; i < grid.size(0); ++i) {
+    const int64_t t = g[i][0], gh = g[i][1] / c.spatial_merge_size, gw = g[i][2] / c.spatial_merge_size;
+    const int64_t windows_h = (gh + units_per_window - 1) / units_per_window;
+    const int64_t windows_w = (gw + units_per_window - 1) / units_per_window;
+    for (int64_t frame = 0; frame < t; ++frame)
+      for (int64_t wy = 0; wy < windows_h; ++wy)
+        for (int64_t wx = 0; wx < windows_w; ++wx) {
+          int64_t count = 0;
+          for (int64_t y = wy * units_per_window; y < std::min(gh, (wy + 1) * units_per_window); ++y)
+            for (int64_t x = wx * units_per_window; x < std::min(gw, (wx + 1) * units_per_window); ++x) {
+              order.push_back(base + (frame * gh + y) * gw + x);
+              ++count;
+            }
+          if (count > 0) cu.push_back(cu.back() + count * unit_patches);
+        }
+    base += t * gh * gw;
+  }
+  return {at::tensor(order, at::kLong), cu};
+}
+
+VisionTransformer::VisionTransformer(const VisionConfig& c, const parallel::ParamOptions& options) : config(c) {
+  patch_embed = register_module("patch_embed", std::make_shared<PatchEmbed>(c, options));
+  auto list = register_module("blocks", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < c.depth; ++i) blocks.push_back(list->append(std::make_shared<VisionBlock>(c, options)));
+  merger = register_module("merger", std::make_shared<PatchMerger>(c, options));
+}
+
+at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Tensor& grid_thw) const {
+  const int64_t n = pixel_rows.size(0);
+  const int64_t unit = config.spatial_merge_size * config.spatial_merge_size;
+  auto hidden = patch_embed->forward(pixel_rows);  // (N, width)
+  auto positions = nn::vision_patch_positions(grid_thw, config.spatial_merge_size);
+  if (positions.size(0) != n)
+    throw ModelError(fmt::format("vision input has {} patch rows but image_grid_thw describes {}", n, positions.size(0)));
+  auto angles = nn::vision_rope_angles(positions, config.head_dim(), kVisionRopeTheta);  // (N, D)
+  const auto frame_cu = vision_frame_cu_seqlens(grid_thw);
+
+  const bool windowed = config.family == VisionFamily::qwen2_5_vl;
+  WindowIndex windows;
+  if (windowed) {
+    // Reorder merge units so each window's patches are contiguous.
+    windows = vision_window_index(grid_thw, config);
+    auto by_unit = [&](const at::Tensor& x) {
+      return x.view({n / unit, unit, x.size(-1)}).index_select(0, windows.unit_order).view({n, x.size(-1)});
+    };
+    hidden = by_unit(hidden);
+    angles = by_unit(angles);
+  }
+  auto cos = angles.cos().unsqueeze(1);  // (N, 1, D)
+  auto sin = angles.sin().unsqueeze(1);
+  for (size_t i = 0; i < blocks.size(); ++i) {
+    const bool full = !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
+                                              static_cast<int64_t>(i)) > 0;
+    // Full attention after window reordering: frames stay contiguous because windows never
+    // cross frames and are emitted frame by frame.
+    hidden = blocks[i]->forward(hidden, full ? frame_cu : windows.cu_window_seqlens, cos, sin);
+  }
+  auto merged = merger->forward(hidden);  // (N/4, out_width)
+  if (windowed) merged = merged.index_select(0, at::argsort(windows.unit_order));
+  return merged;
+}
+
+}  // namespace loom::models

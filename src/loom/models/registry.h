@@ -1,0 +1,24 @@
+// Model families Loom can build, by the name used in `model.family`.
+#pragma once
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/models/qwen2_vl/model.h"
+
+namespace loom::models {
+
+std::vector<std::string> model_families();
+
+// The architecture of a model from a HuggingFace config.json object; `source` names it in errors.
+Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf, const std::string& source);
+
+// Reads `<dir>/config.json` (family from its model_type when `family` is empty).
+Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family = "");
+
+// Builds a model with uninitialised (or, shapes_only, unallocated) parameters.
+std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(const Qwen2VLConfig& config,
+                                                             const parallel::ParamOptions& options);
+
+}  // namespace loom::models

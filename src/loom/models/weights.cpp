@@ -1,0 +1,87 @@
+#include "loom/models/weights.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <filesystem>
+#include <set>
+
+#include "loom/checkpoint/safetensors.h"
+#include "loom/util/errors.h"
+
+namespace loom::models {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+bool is_norm(const std::string& name) {
+  for (const char* part : {"norm", "ln_q", "layernorm"})
+    if (name.find(part) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+uint64_t derive_seed(uint64_t seed, const std::string& purpose) {
+  uint64_t h = 1469598103934665603ULL ^ seed;
+  for (unsigned char c : purpose) {
+    h ^= c;
+    h *= 1099511628211ULL;
+  }
+  return h;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+int64_t parameter_count(const torch::nn::Module& module) {
+  int64_t total = 0;
+  for (const auto& p : module.parameters()) total += p.numel();
+  return total;
+}
+
+void init_parameters(torch::nn::Module& module, uint64_t seed, double std) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, param] : named_parameters(module)) {
+    if (param.is_meta()) continue;
+    if (ends_with(name, ".bias")) {
+      param.zero_();
+    } else if (is_norm(name) && param.dim() == 1) {
+      param.fill_(1.0);
+    } else {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(derive_seed(seed, "init/" + name));
+      auto values = at::empty(param.sizes(), at::kFloat);
+      values.normal_(0.0, std, generator);
+      param.copy_(values);
+    }
+  }
+}
+
+void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
+  checkpoint::WeightSource source(model_dir);
+  std::set<std::string> unused;
+  for (const auto& name : source.names()) unused.insert(name);
+  at::NoGradGuard no_grad;
+  for (auto& [name, param] : named_parameters(module)) {
+    if (!source.contains(name))
+      throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})", model_dir, name,
+                                        fmt::join(param.sizes(), "x")));
+    auto shape = source.shape(name);
+    if (at::IntArrayRef(shape) != param.sizes())
+      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir, name,
+                                        fmt::join(shape, ", "), fmt::join(param.sizes(), ", ")));
+    param.copy_(source.load(name));
+    unused.erase(name);
+  }
+  unused.erase("lm_head.weight");  // tied models may still ship a copy
+  if (!unused.empty())
+    throw CheckpointError(fmt::format("{}: tensor '{}' does not belong to this model ({} unexpected tensors)",
+                                      model_dir, *unused.begin(), unused.size()));
+}
+
+}  // namespace loom::models

@@ -1,0 +1,31 @@
+// Model parameters by name: deterministic initialisation, loading a HuggingFace-style model
+// directory (config.json + safetensors) and saving one.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <string>
+#include <vector>
+
+namespace loom::models {
+
+// Initialises every parameter from (seed, parameter name), so the result does not depend on
+// construction order or parallel layout: norm scales 1, biases 0, other weights N(0, std^2).
+void init_parameters(torch::nn::Module& module, uint64_t seed, double std = 0.02);
+
+// Copies every parameter from the safetensors of `model_dir` (model.safetensors or a sharded
+// index), converting dtype. Missing or mis-shaped tensors are errors naming the tensor and file;
+// tensors in the file that the model does not have are errors too, except `lm_head.weight`
+// for a tied model.
+void load_parameters(torch::nn::Module& module, const std::string& model_dir);
+
+// Parameter tensors in module order, with HuggingFace names.
+std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn::Module& module);
+
+// Total number of elements over all parameters (works on shapes-only models).
+int64_t parameter_count(const torch::nn::Module& module);
+
+// A stable 64-bit seed derived from a base seed and a purpose string (FNV-1a).
+uint64_t derive_seed(uint64_t seed, const std::string& purpose);
+
+}  // namespace loom::models
