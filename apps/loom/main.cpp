@@ -1,1 +1,212 @@
-int main() { return 0; }
+// The loom command line: train, eval, forward, shapes.
+#include <ATen/Parallel.h>
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "loom/config/config.h"
+#include "loom/data/image/decode.h"
+#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/models/registry.h"
+#include "loom/models/weights.h"
+#include "loom/train/trainer.h"
+#include "loom/util/errors.h"
+#include "loom/util/log.h"
+
+namespace fs = std::filesystem;
+using namespace loom;
+
+namespace {
+
+// OpenMP reads OMP_WAIT_POLICY once, when the runtime loads (before main). Spinning OpenMP
+// threads starve OpenBLAS's threads on small products, so Loom re-executes itself once with a
+// passive wait policy unless the user chose one.
+void ensure_passive_openmp(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
+}
+
+// Keeps OpenBLAS's own thread pool at the thread count ATen uses.
+void set_blas_threads(int threads) {
+  using SetThreads = void (*)(int);
+  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(threads);
+}
+
+void write_f32(const fs::path& path, const at::Tensor& t) {
+  auto c = t.to(at::kFloat).contiguous();
+  std::ofstream out(path, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), c.numel() * sizeof(float));
+  if (!out) throw Error(fmt::format("{}: cannot write", path.string()));
+}
+
+data::Qwen2VLImageOptions image_options_for(const std::string& model_dir,
+                                            const models::Qwen2VLConfig& config) {
+  data::Qwen2VLImageOptions options;
+  options.patch_size = config.vision.patch_size;
+  options.temporal_patch_size = config.vision.temporal_patch_size;
+  options.merge_size = config.vision.spatial_merge_size;
+  const fs::path pre = fs::path(model_dir) / "preprocessor_config.json";
+  if (!fs::exists(pre)) return options;
+  std::ifstream in(pre);
+  auto j = nlohmann::json::parse(in);
+  if (j.contains("min_pixels")) options.min_pixels = j["min_pixels"].get<int64_t>();
+  if (j.contains("max_pixels")) options.max_pixels = j["max_pixels"].get<int64_t>();
+  if (j.contains("image_mean"))
+    for (int c = 0; c < 3; ++c) options.mean[c] = j["image_mean"][c].get<float>();
+  if (j.contains("image_std"))
+    for (int c = 0; c < 3; ++c) options.std[c] = j["image_std"][c].get<float>();
+  return options;
+}
+
+int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir) {
+  auto config = models::model_config_from_dir(model_dir);
+  auto model = models::build_model(config, {});
+  models::load_parameters(*model, model_dir);
+  std::ifstream in(input_path);
+  if (!in) throw DataError(fmt::format("{}: cannot open the input file", input_path));
+  nlohmann::json input;
+  try {
+    input = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON ({})", input_path, e.what()));
+  }
+  if (!input.contains("input_ids") || !input["input_ids"].is_array() || input["input_ids"].empty())
+    throw DataError(fmt::format("{}: input_ids must be a non-empty list of lists of token ids", input_path));
+  const auto& rows = input["input_ids"];
+  const size_t length = rows[0].size();
+  std::vector<int64_t> flat;
+  for (const auto& row : rows) {
+    if (!row.is_array() || row.size() != length)
+      throw DataError(fmt::format("{}: input_ids rows must be lists of equal length {}", input_path, length));
+    for (const auto& v : row) flat.push_back(v.get<int64_t>());
+  }
+  models::VisionLanguageInputs inputs;
+  inputs.input_ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), -1});
+  std::vector<at::Tensor> pixels;
+  std::vector<int64_t> grids;
+  const auto options = image_options_for(model_dir, config);
+  for (const auto& image : input.value("images", nlohmann::json::array())) {
+    const fs::path path = fs::path(input_path).parent_path() / image.get<std::string>();
+    auto processed = data::qwen2vl_process_image(data::decode_image_file(path.string()), options);
+    pixels.push_back(processed.pixel_values);
+    grids.insert(grids.end(), processed.grid_thw.begin(), processed.grid_thw.end());
+  }
+  at::Tensor image_embeds = at::empty({0, config.text.hidden_size});
+  at::NoGradGuard no_grad;
+  if (!pixels.empty()) {
+    inputs.pixel_values = at::cat(pixels);
+    inputs.image_grid_thw = at::tensor(grids, at::kLong).view({-1, 3});
+    image_embeds = model->image_embeddings(inputs.pixel_values, inputs.image_grid_thw);
+  }
+  auto logits = model->forward(inputs);
+  fs::create_directories(out_dir);
+  write_f32(fs::path(out_dir) / "logits.bin", logits);
+  write_f32(fs::path(out_dir) / "image_embeds.bin", image_embeds);
+  nlohmann::json shapes = {{"logits", logits.sizes().vec()}, {"image_embeds", image_embeds.sizes().vec()}};
+  if (inputs.pixel_values.defined()) shapes["pixel_values"] = inputs.pixel_values.sizes().vec();
+  std::ofstream(fs::path(out_dir) / "shapes.json") << shapes.dump(2) << "\n";
+  fmt::print("wrote {} (logits {}, image_embeds {})\n", out_dir, fmt::join(logits.sizes(), "x"),
+             fmt::join(image_embeds.sizes(), "x"));
+  return 0;
+}
+
+int run_shapes(const std::string& what, bool list) {
+  models::Qwen2VLConfig config;
+  const auto published = models::published_config_names();
+  if (std::find(published.begin(), published.end(), what) != published.end()) {
+    auto hf = models::published_hf_config(what);
+    config = models::model_config_from_json(hf["model_type"].get<std::string>(), hf, what);
+  } else if (fs::is_directory(what)) {
+    config = models::model_config_from_dir(what);
+  } else {
+    throw ConfigError(fmt::format("'{}' is neither a model directory nor a published model (valid: {})", what,
+                                  fmt::join(published, ", ")));
+  }
+  parallel::ParamOptions options;
+  options.shapes_only = true;
+  auto model = models::build_model(config, options);
+  if (list)
+    for (const auto& [name, p] : models::named_parameters(*model))
+      fmt::print("{}\t[{}]\n", name, fmt::join(p.sizes(), ", "));
+  fmt::print("{}: {} parameters\n", what, models::parameter_count(*model));
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  ensure_passive_openmp(argv);
+  CLI::App app{"Loom: trains multimodal models from one binary"};
+  app.require_subcommand(1);
+  std::string log_level = "info";
+  app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
+
+  std::string config_path, checkpoint_dir, model_dir, input_path, out_dir, shapes_model;
+  std::vector<std::string> overrides;
+  bool list_names = false;
+
+  auto* train = app.add_subcommand("train", "Train a model from a job config (YAML)");
+  train->add_option("config", config_path, "Job config file")->required();
+  train->add_option("--set", overrides, "Override a config key: key=value (repeatable)");
+
+  auto* eval = app.add_subcommand("eval", "Evaluate a checkpoint on the job's held-out data");
+  eval->add_option("config", config_path, "Job config file")->required();
+  eval->add_option("--checkpoint", checkpoint_dir, "Checkpoint directory")->required();
+  eval->add_option("--set", overrides, "Override a config key: key=value (repeatable)");
+
+  auto* forward =
+      app.add_subcommand("forward", "One forward pass of a model directory on given ids and images");
+  forward->add_option("--model", model_dir, "Model directory (config.json + safetensors)")->required();
+  forward->add_option("--input", input_path, "JSON with input_ids (list of lists) and images (paths)")
+      ->required();
+  forward->add_option("--out", out_dir, "Output directory for logits.bin, image_embeds.bin, shapes.json")
+      ->required();
+
+  auto* shapes =
+      app.add_subcommand("shapes", "List a model's parameter names, shapes and count without allocating");
+  shapes->add_option("model", shapes_model, "Published model name (e.g. qwen2-vl-7b) or model directory")
+      ->required();
+  shapes->add_flag("--names", list_names, "Print every parameter name and shape");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    configure_logging(log_level);
+    set_blas_threads(at::get_num_threads());
+    if (*train || *eval) {
+      auto job = config::load_config(config_path, overrides);
+      configure_logging(job.tools.log_level);
+      if (job.training.threads > 0) {
+        at::set_num_threads(static_cast<int>(job.training.threads));
+        set_blas_threads(static_cast<int>(job.training.threads));
+      }
+      train::Trainer trainer(job);
+      if (*train) {
+        if (auto result = trainer.train()) train::print_eval(*result);
+      } else {
+        trainer.load_weights(checkpoint_dir);
+        train::print_eval(trainer.evaluate());
+      }
+      return 0;
+    }
+    if (*forward) return run_forward(model_dir, input_path, out_dir);
+    if (*shapes) return run_shapes(shapes_model, list_names);
+  } catch (const std::exception& e) {
+    std::string message = e.what();
+    // libtorch errors carry a backtrace after the first line; the reason is the first line.
+    message = message.substr(0, message.find('\n'));
+    fmt::print(stderr, "loom: error: {}\n", message);
+    return 1;
+  }
+  return 0;
+}

@@ -207,7 +207,7 @@ TrainingSection read_training(const YamlValue* section, const std::string& sourc
       {"steps",        "global_batch_size", "micro_batch_size", "lr",        "min_lr",     "warmup_steps",
        "weight_decay", "adam_beta1",        "adam_beta2",       "adam_eps",  "clip_grad",  "precision",
        "seed",         "output_dir",        "save_every",       "keep_last", "eval_every", "resume",
-       "threads",      "peak_tflops"},
+       "threads",      "peak_tflops",       "exit_interval"},
       source);
   TrainingSection t;
   if (!r.get("steps")) r.missing("steps", "the number of optimizer steps, an integer > 0");
@@ -252,6 +252,8 @@ TrainingSection read_training(const YamlValue* section, const std::string& sourc
   r.at_least("threads", t.threads, int64_t{0});
   r.read("peak_tflops", t.peak_tflops);
   r.at_least("peak_tflops", t.peak_tflops, 0.0);
+  r.read("exit_interval", t.exit_interval);
+  r.at_least("exit_interval", t.exit_interval, int64_t{0});
   return t;
 }
 
@@ -324,7 +326,7 @@ bool operator==(const TrainingSection& a, const TrainingSection& b) {
          a.clip_grad == b.clip_grad && a.precision == b.precision && a.seed == b.seed &&
          a.output_dir == b.output_dir && a.save_every == b.save_every && a.keep_last == b.keep_last &&
          a.eval_every == b.eval_every && a.resume == b.resume && a.threads == b.threads &&
-         a.peak_tflops == b.peak_tflops;
+         a.peak_tflops == b.peak_tflops && a.exit_interval == b.exit_interval;
 }
 bool operator==(const ToolsSection& a, const ToolsSection& b) {
   return a.log_every == b.log_every && a.log_level == b.log_level && a.progress_bar == b.progress_bar;

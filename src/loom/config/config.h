@@ -54,6 +54,7 @@ struct TrainingSection {
   std::string resume = "auto";  // auto | none | a checkpoint directory
   int64_t threads = 0;          // 0 = all cores
   double peak_tflops = 0.0;     // 0 = use the measured sgemm rate for MFU
+  int64_t exit_interval = 0;    // > 0: save and exit at a step divisible by it (splits a run into jobs)
 };
 
 struct ToolsSection {

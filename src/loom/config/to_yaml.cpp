@@ -121,6 +121,7 @@ std::string to_yaml(const JobConfig& c) {
   line("resume", yaml_string(t.resume));
   line("threads", integer(t.threads));
   line("peak_tflops", yaml_double(t.peak_tflops));
+  line("exit_interval", std::to_string(t.exit_interval));
 
   out += "tools:\n";
   line("log_every", integer(c.tools.log_every));

@@ -8,7 +8,8 @@ namespace loom::models {
 
 std::vector<std::string> model_families() { return {"qwen2_vl", "qwen2_5_vl"}; }
 
-Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf, const std::string& source) {
+Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
+                                     const std::string& source) {
   return parse_qwen2vl_config(hf, family, source);
 }
 

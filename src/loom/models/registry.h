@@ -12,7 +12,8 @@ namespace loom::models {
 std::vector<std::string> model_families();
 
 // The architecture of a model from a HuggingFace config.json object; `source` names it in errors.
-Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf, const std::string& source);
+Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
+                                     const std::string& source);
 
 // Reads `<dir>/config.json` (family from its model_type when `family` is empty).
 Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family = "");

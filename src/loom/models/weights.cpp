@@ -35,7 +35,8 @@ uint64_t derive_seed(uint64_t seed, const std::string& purpose) {
 
 std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn::Module& module) {
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& item : module.named_parameters(/*recurse=*/true)) out.emplace_back(item.key(), item.value());
+  for (const auto& item : module.named_parameters(/*recurse=*/true))
+    out.emplace_back(item.key(), item.value());
   return out;
 }
 
@@ -69,12 +70,12 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
   at::NoGradGuard no_grad;
   for (auto& [name, param] : named_parameters(module)) {
     if (!source.contains(name))
-      throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})", model_dir, name,
-                                        fmt::join(param.sizes(), "x")));
+      throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})",
+                                        model_dir, name, fmt::join(param.sizes(), "x")));
     auto shape = source.shape(name);
     if (at::IntArrayRef(shape) != param.sizes())
-      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir, name,
-                                        fmt::join(shape, ", "), fmt::join(param.sizes(), ", ")));
+      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir,
+                                        name, fmt::join(shape, ", "), fmt::join(param.sizes(), ", ")));
     param.copy_(source.load(name));
     unused.erase(name);
   }

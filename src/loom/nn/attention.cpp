@@ -36,11 +36,14 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
     const int64_t length = cu_seqlens[i + 1] - cu_seqlens[i];
     if (length > 0) starts_by_length[length].push_back(cu_seqlens[i]);
   }
-  if (starts_by_length.size() == 1 && starts_by_length.begin()->second.size() * starts_by_length.begin()->first ==
-                                          static_cast<size_t>(total)) {
+  if (starts_by_length.size() == 1 &&
+      starts_by_length.begin()->second.size() * starts_by_length.begin()->first ==
+          static_cast<size_t>(total)) {
     // All segments the same length: a reshape, no gather.
     const int64_t length = starts_by_length.begin()->first;
-    auto split = [&](const at::Tensor& x) { return x.view({total / length, length, x.size(1), x.size(2)}).transpose(1, 2); };
+    auto split = [&](const at::Tensor& x) {
+      return x.view({total / length, length, x.size(1), x.size(2)}).transpose(1, 2);
+    };
     return attend(split(q), split(k), split(v), false).transpose(1, 2).reshape_as(q);
   }
   auto out = at::empty_like(q);
@@ -53,7 +56,8 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
     auto gather = [&](const at::Tensor& x) {
       return x.index_select(0, flat).view({index.size(0), length, x.size(1), x.size(2)}).transpose(1, 2);
     };
-    auto result = attend(gather(q), gather(k), gather(v), false).transpose(1, 2).reshape({-1, q.size(1), q.size(2)});
+    auto result =
+        attend(gather(q), gather(k), gather(v), false).transpose(1, 2).reshape({-1, q.size(1), q.size(2)});
     out = out.index_copy(0, flat, result);
   }
   return out;
@@ -62,7 +66,8 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t heads = q.size(2), kv_heads = k.size(2);
   if (heads % kv_heads)
-    throw ModelError(fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+    throw ModelError(
+        fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
   auto qh = q.transpose(1, 2);  // (B, Hq, L, D)
   auto kh = k.transpose(1, 2);
   auto vh = v.transpose(1, 2);

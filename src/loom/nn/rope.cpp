@@ -16,8 +16,8 @@ at::Tensor vision_patch_positions(const at::Tensor& grid_thw, int64_t merge_size
   for (int64_t i = 0; i < grid.size(0); ++i) {
     const int64_t t = g[i][0], h = g[i][1], w = g[i][2];
     if (h % merge_size || w % merge_size)
-      throw ModelError(fmt::format("image {} grid ({}, {}, {}) is not divisible by the merge size {}", i, t, h, w,
-                                   merge_size));
+      throw ModelError(fmt::format("image {} grid ({}, {}, {}) is not divisible by the merge size {}", i, t,
+                                   h, w, merge_size));
     for (int64_t frame = 0; frame < t; ++frame)
       for (int64_t bh = 0; bh < h / merge_size; ++bh)
         for (int64_t bw = 0; bw < w / merge_size; ++bw)
@@ -32,10 +32,10 @@ at::Tensor vision_patch_positions(const at::Tensor& grid_thw, int64_t merge_size
 }
 
 at::Tensor vision_rope_angles(const at::Tensor& positions, int64_t head_dim, double theta) {
-  auto inv_freq = rope_inverse_frequencies(head_dim / 2, theta);            // (head_dim/4)
-  auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;           // (N, 2, head_dim/4)
-  auto half = angles.flatten(1);                                            // (N, head_dim/2): rows then cols
-  return at::cat({half, half}, -1);                                         // (N, head_dim)
+  auto inv_freq = rope_inverse_frequencies(head_dim / 2, theta);    // (head_dim/4)
+  auto angles = positions.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (N, 2, head_dim/4)
+  auto half = angles.flatten(1);                                    // (N, head_dim/2): rows then cols
+  return at::cat({half, half}, -1);                                 // (N, head_dim)
 }
 
 at::Tensor mrope_angles(const at::Tensor& position_ids, int64_t head_dim, double theta,
@@ -43,10 +43,10 @@ at::Tensor mrope_angles(const at::Tensor& position_ids, int64_t head_dim, double
   int64_t total = 0;
   for (auto s : sections) total += s;
   if (total * 2 != head_dim)
-    throw ModelError(fmt::format("rope_scaling.mrope_section sums to {}, but it must equal head_dim/2 = {}", total,
-                                 head_dim / 2));
-  auto inv_freq = rope_inverse_frequencies(head_dim, theta);                // (head_dim/2)
-  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;       // (3, B, L, head_dim/2)
+    throw ModelError(fmt::format("rope_scaling.mrope_section sums to {}, but it must equal head_dim/2 = {}",
+                                 total, head_dim / 2));
+  auto inv_freq = rope_inverse_frequencies(head_dim, theta);           // (head_dim/2)
+  auto angles = position_ids.to(at::kFloat).unsqueeze(-1) * inv_freq;  // (3, B, L, head_dim/2)
   // Dims [0, s0) from axis 0, [s0, s0+s1) from axis 1, the rest from axis 2.
   std::vector<at::Tensor> parts;
   int64_t start = 0;
@@ -54,8 +54,8 @@ at::Tensor mrope_angles(const at::Tensor& position_ids, int64_t head_dim, double
     parts.push_back(angles[axis].narrow(-1, start, sections[axis]));
     start += sections[axis];
   }
-  auto half = at::cat(parts, -1);                                           // (B, L, head_dim/2)
-  return at::cat({half, half}, -1);                                         // (B, L, head_dim)
+  auto half = at::cat(parts, -1);    // (B, L, head_dim/2)
+  return at::cat({half, half}, -1);  // (B, L, head_dim)
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {

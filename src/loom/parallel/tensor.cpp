@@ -13,9 +13,10 @@ namespace {
 
 void require_single_rank(const TensorParallelGroup& group, const char* layer) {
   if (group.size != 1)
-    throw ConfigError(fmt::format("parallel.tp={}: {} needs tensor parallelism, which is not available in this "
-                                  "version of Loom (valid: 1)",
-                                  group.size, layer));
+    throw ConfigError(
+        fmt::format("parallel.tp={}: {} needs tensor parallelism, which is not available in this "
+                    "version of Loom (valid: 1)",
+                    group.size, layer));
 }
 
 }  // namespace
@@ -24,8 +25,10 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
                                            const ParamOptions& options, TensorParallelGroup group)
     : group_(group) {
   require_single_rank(group, "ColumnParallelLinear");
-  weight = register_parameter("weight", at::empty({out_features / group.size, in_features}, options.tensor_options()));
-  if (with_bias) bias = register_parameter("bias", at::empty({out_features / group.size}, options.tensor_options()));
+  weight = register_parameter("weight",
+                              at::empty({out_features / group.size, in_features}, options.tensor_options()));
+  if (with_bias)
+    bias = register_parameter("bias", at::empty({out_features / group.size}, options.tensor_options()));
 }
 
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
@@ -34,7 +37,8 @@ RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, 
                                      const ParamOptions& options, TensorParallelGroup group)
     : group_(group) {
   require_single_rank(group, "RowParallelLinear");
-  weight = register_parameter("weight", at::empty({out_features, in_features / group.size}, options.tensor_options()));
+  weight = register_parameter("weight",
+                              at::empty({out_features, in_features / group.size}, options.tensor_options()));
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options.tensor_options()));
 }
 

@@ -64,7 +64,8 @@ TEST_F(HfQwen2VLTiny, PixelValuesFromTheImage) {
 
 TEST_F(HfQwen2VLTiny, PositionIdsExact) {
   auto ids = ids_tensor(input["input_ids"]);
-  auto grid = at::tensor(std::vector<int64_t>(vision.grid_thw.begin(), vision.grid_thw.end()), at::kLong).view({1, 3});
+  auto grid = at::tensor(std::vector<int64_t>(vision.grid_thw.begin(), vision.grid_thw.end()), at::kLong)
+                  .view({1, 3});
   auto rope = rope_index(ids, grid, at::Tensor(), config);
   std::vector<int64_t> expected;
   for (const auto& axis : input["position_ids"])
@@ -76,7 +77,8 @@ TEST_F(HfQwen2VLTiny, PositionIdsExact) {
 
 TEST_F(HfQwen2VLTiny, ImageEmbeddingsAndLogits) {
   at::NoGradGuard no_grad;
-  auto grid = at::tensor(std::vector<int64_t>(vision.grid_thw.begin(), vision.grid_thw.end()), at::kLong).view({1, 3});
+  auto grid = at::tensor(std::vector<int64_t>(vision.grid_thw.begin(), vision.grid_thw.end()), at::kLong)
+                  .view({1, 3});
   auto embeds = model->image_embeddings(vision.pixel_values, grid);
   EXPECT_LT(max_abs_diff(embeds, read_f32("image_embeds.bin", {6, 64})), 1e-4);
 
@@ -102,7 +104,8 @@ TEST_F(HfQwen2VLTiny, ParameterNamesAndShapesMatchHuggingFace) {
   }
   ASSERT_FALSE(expected.empty());
   std::map<std::string, std::string> actual;
-  for (const auto& [n, p] : named_parameters(*model)) actual[n] = fmt::format("[{}]", fmt::join(p.sizes(), ", "));
+  for (const auto& [n, p] : named_parameters(*model))
+    actual[n] = fmt::format("[{}]", fmt::join(p.sizes(), ", "));
   EXPECT_EQ(actual, expected);
 }
 

@@ -20,7 +20,7 @@ Qwen2VLConfig tiny_config() {
 TEST(RopeIndex, TwoSamplesWithPaddingWorkedByHand) {
   // Sample 0: 2 text, vision_start, 4 image tokens (grid 1x4x4 -> 2x2 merged), vision_end, 2 text.
   // Sample 1: text, vision_start, 6 image tokens (grid 1x4x6 -> 2x3 merged), vision_end, one pad.
-  auto ids = at::tensor({1, 2, 250, 252, 252, 252, 252, 251, 3, 4,  //
+  auto ids = at::tensor({1, 2,   250, 252, 252, 252, 252, 251, 3,   4,  //
                          1, 250, 252, 252, 252, 252, 252, 252, 251, 0},
                         at::kLong)
                  .view({2, 10});
@@ -33,7 +33,8 @@ TEST(RopeIndex, TwoSamplesWithPaddingWorkedByHand) {
   const std::vector<int64_t> t1{0, 1, 2, 2, 2, 2, 2, 2, 5, 1}, h1{0, 1, 2, 2, 2, 3, 3, 3, 5, 1},
       w1{0, 1, 2, 3, 4, 2, 3, 4, 5, 1};
   auto expect_row = [&](int axis, int b, const std::vector<int64_t>& v) {
-    EXPECT_TRUE(at::equal(r.position_ids[axis][b], at::tensor(v, at::kLong))) << "axis " << axis << " sample " << b;
+    EXPECT_TRUE(at::equal(r.position_ids[axis][b], at::tensor(v, at::kLong)))
+        << "axis " << axis << " sample " << b;
   };
   expect_row(0, 0, t0);
   expect_row(1, 0, h0);

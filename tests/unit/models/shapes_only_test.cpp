@@ -56,7 +56,8 @@ TEST(ShapesOnly, Qwen25VL7BCountAndNames) {
   auto model = shapes_only("qwen2.5-vl-7b");
   EXPECT_EQ(parameter_count(*model), 8292166656LL);
   auto s = shapes(*model);
-  // Vision blocks: norm1/norm2 weight only, qkv 2, proj 2, gate/up/down 6 -> 12; merger ln_q weight only -> 5.
+  // Vision blocks: norm1/norm2 weight only, qkv 2, proj 2, gate/up/down 6 -> 12; merger ln_q weight only
+  // -> 5.
   EXPECT_EQ(s.size(), 32u * 12 + 1 + 5 + 28u * 12 + 3);
   using V = std::vector<int64_t>;
   EXPECT_EQ(s.count("visual.blocks.0.norm1.bias"), 0u);

@@ -1,7 +1,6 @@
 // Each layer's output and input gradients against a straightforward independent computation
 // (explicit masks, per-element loops, finite differences in double precision).
 #include <gtest/gtest.h>
-
 #include <torch/csrc/autograd/autograd.h>
 
 #include "loom/nn/attention.h"
@@ -29,11 +28,13 @@ TEST(SegmentAttention, MatchesFullAttentionWithBlockDiagonalMask) {
   for (size_t s = 0; s + 1 < cu.size(); ++s)
     mask.slice(0, cu[s], cu[s + 1]).slice(1, cu[s], cu[s + 1]).fill_(0.0);
   auto qh = q.transpose(0, 1), kh = k.transpose(0, 1), vh = v.transpose(0, 1);
-  auto ref = at::matmul(at::softmax(at::matmul(qh, kh.transpose(1, 2)) / std::sqrt(8.0) + mask, -1), vh).transpose(0, 1);
+  auto ref = at::matmul(at::softmax(at::matmul(qh, kh.transpose(1, 2)) / std::sqrt(8.0) + mask, -1), vh)
+                 .transpose(0, 1);
   EXPECT_TRUE(at::allclose(out, ref, 1e-10, 1e-10));
 
   auto w = at::randn_like(out);
-  for (const auto& x : {q, k, v}) EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
+  for (const auto& x : {q, k, v})
+    EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
 }
 
 TEST(CausalAttention, GroupedHeadsMatchPerElementLoop) {
@@ -49,7 +50,7 @@ TEST(CausalAttention, GroupedHeadsMatchPerElementLoop) {
     for (int64_t h = 0; h < hq; ++h)
       for (int64_t i = 0; i < l; ++i) {
         const int64_t g = h / (hq / hkv);
-        auto keys = k[bi].slice(0, 0, i + 1).select(1, g);    // (i+1, d)
+        auto keys = k[bi].slice(0, 0, i + 1).select(1, g);  // (i+1, d)
         auto vals = v[bi].slice(0, 0, i + 1).select(1, g);
         auto scores = at::mv(keys, q[bi][i][h]) / std::sqrt(3.0);
         rows.push_back(at::mv(vals.t(), at::softmax(scores, 0)));
@@ -58,7 +59,8 @@ TEST(CausalAttention, GroupedHeadsMatchPerElementLoop) {
   auto ref = at::stack(rows).view({b, hq, l, d}).transpose(1, 2);
   EXPECT_TRUE(at::allclose(out, ref, 1e-10, 1e-10));
   auto w = at::randn_like(out);
-  for (const auto& x : {q, k, v}) EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
+  for (const auto& x : {q, k, v})
+    EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
 }
 
 TEST(RMSNorm, OutputAndGradientMatchFormula) {
@@ -76,7 +78,8 @@ TEST(RMSNorm, OutputAndGradientMatchFormula) {
     double ms = 0;
     for (int64_t c = 0; c < 6; ++c) ms += xs[r][c].item<double>() * xs[r][c].item<double>() / 6;
     for (int64_t c = 0; c < 6; ++c)
-      EXPECT_NEAR(out[r][c].item<double>(), xs[r][c].item<double>() / std::sqrt(ms + 1e-6) * (0.5 + 0.2 * c), 1e-9);
+      EXPECT_NEAR(out[r][c].item<double>(), xs[r][c].item<double>() / std::sqrt(ms + 1e-6) * (0.5 + 0.2 * c),
+                  1e-9);
   }
   // Gradient by central finite differences of sum(out * w).
   auto w = at::randn_like(out);
@@ -86,7 +89,8 @@ TEST(RMSNorm, OutputAndGradientMatchFormula) {
     plus.view(-1)[i] += 1e-6;
     minus.view(-1)[i] -= 1e-6;
     at::NoGradGuard guard;
-    const double numeric = ((norm.forward(plus) * w).sum() - (norm.forward(minus) * w).sum()).item<double>() / 2e-6;
+    const double numeric =
+        ((norm.forward(plus) * w).sum() - (norm.forward(minus) * w).sum()).item<double>() / 2e-6;
     EXPECT_NEAR(g.view(-1)[i].item<double>(), numeric, 1e-6);
   }
 }
@@ -104,7 +108,8 @@ TEST(LayerNorm, MatchesFormula) {
   const double mean = 4.0, var = (9.0 + 4.0 + 0.0 + 25.0) / 4;
   auto out = norm.forward(x);
   for (int c = 0; c < 4; ++c)
-    EXPECT_NEAR(out[c].item<double>(), (x[c].item<double>() - mean) / std::sqrt(var + 1e-6) * (c + 1) + 0.1 * (c + 1), 1e-9);
+    EXPECT_NEAR(out[c].item<double>(),
+                (x[c].item<double>() - mean) / std::sqrt(var + 1e-6) * (c + 1) + 0.1 * (c + 1), 1e-9);
 }
 
 TEST(Rotary, RotatesPairsOfHalves) {

@@ -13,9 +13,7 @@ struct Image {
   std::vector<uint8_t> rgb;  // (height, width, 3), row-major
 
   uint8_t* pixel(int y, int x) { return rgb.data() + (static_cast<size_t>(y) * width + x) * 3; }
-  const uint8_t* pixel(int y, int x) const {
-    return rgb.data() + (static_cast<size_t>(y) * width + x) * 3;
-  }
+  const uint8_t* pixel(int y, int x) const { return rgb.data() + (static_cast<size_t>(y) * width + x) * 3; }
   static Image filled(int height, int width, uint8_t r, uint8_t g, uint8_t b) {
     Image image{height, width, std::vector<uint8_t>(static_cast<size_t>(height) * width * 3)};
     for (size_t i = 0; i < image.rgb.size(); i += 3) {

@@ -91,7 +91,8 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   const bool is_25 = family == "qwen2_5_vl";
 
   // Text fields sit at the top level, or under text_config in newer exports.
-  const json& text_json = hf.contains("text_config") && hf["text_config"].is_object() ? hf["text_config"] : hf;
+  const json& text_json =
+      hf.contains("text_config") && hf["text_config"].is_object() ? hf["text_config"] : hf;
   FieldReader text(text_json, source, &text_json == &hf ? "" : "text_config.");
   auto& t = config.text;
   t.vocab_size = text.integer("vocab_size");
@@ -104,12 +105,16 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   t.rope_theta = text.number("rope_theta", 1e6);
   t.tie_word_embeddings = top.boolean("tie_word_embeddings", text.boolean("tie_word_embeddings", false));
   t.max_position_embeddings = text.integer("max_position_embeddings", 32768);
-  for (auto [key, value] : {std::pair{"vocab_size", t.vocab_size}, {"hidden_size", t.hidden_size},
-                            {"intermediate_size", t.intermediate_size}, {"num_hidden_layers", t.num_layers},
-                            {"num_attention_heads", t.num_heads}, {"num_key_value_heads", t.num_kv_heads}})
+  for (auto [key, value] : {std::pair{"vocab_size", t.vocab_size},
+                            {"hidden_size", t.hidden_size},
+                            {"intermediate_size", t.intermediate_size},
+                            {"num_hidden_layers", t.num_layers},
+                            {"num_attention_heads", t.num_heads},
+                            {"num_key_value_heads", t.num_kv_heads}})
     check_positive(text, key, value);
   if (t.hidden_size % t.num_heads)
-    throw text.error("num_attention_heads", fmt::format("{} does not divide hidden_size {}", t.num_heads, t.hidden_size));
+    throw text.error("num_attention_heads",
+                     fmt::format("{} does not divide hidden_size {}", t.num_heads, t.hidden_size));
   if (t.num_heads % t.num_kv_heads)
     throw text.error("num_key_value_heads",
                      fmt::format("{} does not divide num_attention_heads {}", t.num_kv_heads, t.num_heads));
@@ -133,8 +138,10 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   tok.vision_end = top.integer("vision_end_token_id", 151653);
   tok.bos = top.integer("bos_token_id", 151643);
   tok.eos = top.integer("eos_token_id", 151645);
-  for (auto [key, id] : {std::pair{"image_token_id", tok.image}, {"video_token_id", tok.video},
-                         {"vision_start_token_id", tok.vision_start}, {"vision_end_token_id", tok.vision_end}})
+  for (auto [key, id] : {std::pair{"image_token_id", tok.image},
+                         {"video_token_id", tok.video},
+                         {"vision_start_token_id", tok.vision_start},
+                         {"vision_end_token_id", tok.vision_end}})
     if (id < 0 || id >= t.vocab_size)
       throw top.error(key, fmt::format("{} is outside the vocabulary [0, {})", id, t.vocab_size));
 
@@ -160,7 +167,8 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
     for (auto i : v.fullatt_block_indexes)
       if (i < 0 || i >= v.depth)
         throw vis.error("fullatt_block_indexes", fmt::format("block {} is outside depth {}", i, v.depth));
-    if (v.hidden_act != "silu") throw vis.error("hidden_act", fmt::format("'{}' is not supported (valid: silu)", v.hidden_act));
+    if (v.hidden_act != "silu")
+      throw vis.error("hidden_act", fmt::format("'{}' is not supported (valid: silu)", v.hidden_act));
   } else {
     // Qwen2-VL: embed_dim is the ViT width, hidden_size the LLM width.
     v.width = vis.integer("embed_dim");
@@ -170,12 +178,16 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
     if (v.hidden_act != "quick_gelu")
       throw vis.error("hidden_act", fmt::format("'{}' is not supported (valid: quick_gelu)", v.hidden_act));
   }
-  for (auto [key, value] : {std::pair{"depth", v.depth}, {"num_heads", v.num_heads}, {"patch_size", v.patch_size},
-                            {"temporal_patch_size", v.temporal_patch_size}, {"spatial_merge_size", v.spatial_merge_size}})
+  for (auto [key, value] : {std::pair{"depth", v.depth},
+                            {"num_heads", v.num_heads},
+                            {"patch_size", v.patch_size},
+                            {"temporal_patch_size", v.temporal_patch_size},
+                            {"spatial_merge_size", v.spatial_merge_size}})
     check_positive(vis, key, value);
   if (v.width % v.num_heads || v.head_dim() % 4)
-    throw vis.error("num_heads", fmt::format("{} heads must divide the width {} into head dims divisible by 4",
-                                             v.num_heads, v.width));
+    throw vis.error(
+        "num_heads",
+        fmt::format("{} heads must divide the width {} into head dims divisible by 4", v.num_heads, v.width));
   if (v.out_width != t.hidden_size)
     throw vis.error(is_25 ? "out_hidden_size" : "hidden_size",
                     fmt::format("{} must equal the LLM hidden_size {}", v.out_width, t.hidden_size));
@@ -233,7 +245,8 @@ nlohmann::json to_hf_config(const Qwen2VLConfig& c) {
 
 namespace {
 
-json text_fields(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv, bool tied) {
+json text_fields(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                 bool tied) {
   return {{"vocab_size", vocab},
           {"hidden_size", hidden},
           {"intermediate_size", inter},
@@ -253,24 +266,40 @@ json text_fields(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, i
           {"eos_token_id", 151645}};
 }
 
-json qwen2_vl(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv, bool tied) {
+json qwen2_vl(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+              bool tied) {
   json hf = text_fields(vocab, hidden, inter, layers, heads, kv, tied);
   hf["model_type"] = "qwen2_vl";
-  hf["vision_config"] = {{"depth", 32},       {"embed_dim", 1280},         {"mlp_ratio", 4},
-                         {"num_heads", 16},   {"hidden_size", hidden},     {"in_channels", 3},
-                         {"patch_size", 14},  {"spatial_merge_size", 2},   {"temporal_patch_size", 2},
+  hf["vision_config"] = {{"depth", 32},
+                         {"embed_dim", 1280},
+                         {"mlp_ratio", 4},
+                         {"num_heads", 16},
+                         {"hidden_size", hidden},
+                         {"in_channels", 3},
+                         {"patch_size", 14},
+                         {"spatial_merge_size", 2},
+                         {"temporal_patch_size", 2},
                          {"hidden_act", "quick_gelu"}};
   return hf;
 }
 
-json qwen2_5_vl(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv, bool tied) {
+json qwen2_5_vl(int64_t vocab, int64_t hidden, int64_t inter, int64_t layers, int64_t heads, int64_t kv,
+                bool tied) {
   json hf = text_fields(vocab, hidden, inter, layers, heads, kv, tied);
   hf["model_type"] = "qwen2_5_vl";
-  hf["vision_config"] = {{"depth", 32},          {"hidden_size", 1280},      {"intermediate_size", 3420},
-                         {"num_heads", 16},      {"out_hidden_size", hidden}, {"in_chans", 3},
-                         {"patch_size", 14},     {"spatial_merge_size", 2},  {"temporal_patch_size", 2},
-                         {"window_size", 112},   {"fullatt_block_indexes", {7, 15, 23, 31}},
-                         {"tokens_per_second", 2}, {"hidden_act", "silu"}};
+  hf["vision_config"] = {{"depth", 32},
+                         {"hidden_size", 1280},
+                         {"intermediate_size", 3420},
+                         {"num_heads", 16},
+                         {"out_hidden_size", hidden},
+                         {"in_chans", 3},
+                         {"patch_size", 14},
+                         {"spatial_merge_size", 2},
+                         {"temporal_patch_size", 2},
+                         {"window_size", 112},
+                         {"fullatt_block_indexes", {7, 15, 23, 31}},
+                         {"tokens_per_second", 2},
+                         {"hidden_act", "silu"}};
   return hf;
 }
 
@@ -285,9 +314,10 @@ nlohmann::json published_hf_config(const std::string& name) {
   if (name == "qwen2-vl-7b") return qwen2_vl(152064, 3584, 18944, 28, 28, 4, false);
   if (name == "qwen2.5-vl-3b") return qwen2_5_vl(151936, 2048, 11008, 36, 16, 2, true);
   if (name == "qwen2.5-vl-7b") return qwen2_5_vl(152064, 3584, 18944, 28, 28, 4, false);
-  throw ConfigError(fmt::format("unknown published model '{}' (valid: qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, "
-                                "qwen2.5-vl-7b)",
-                                name));
+  throw ConfigError(
+      fmt::format("unknown published model '{}' (valid: qwen2-vl-2b, qwen2-vl-7b, qwen2.5-vl-3b, "
+                  "qwen2.5-vl-7b)",
+                  name));
 }
 
 }  // namespace loom::models

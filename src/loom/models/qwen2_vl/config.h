@@ -12,10 +12,10 @@ enum class VisionFamily { qwen2_vl, qwen2_5_vl };
 struct VisionConfig {
   VisionFamily family = VisionFamily::qwen2_vl;
   int64_t depth = 32;
-  int64_t width = 1280;         // ViT width: embed_dim (Qwen2-VL) or hidden_size (Qwen2.5-VL)
+  int64_t width = 1280;  // ViT width: embed_dim (Qwen2-VL) or hidden_size (Qwen2.5-VL)
   int64_t num_heads = 16;
-  int64_t mlp_hidden = 5120;    // embed_dim * mlp_ratio (Qwen2-VL) or intermediate_size (Qwen2.5-VL)
-  int64_t out_width = 3584;     // LLM width the merger projects to
+  int64_t mlp_hidden = 5120;  // embed_dim * mlp_ratio (Qwen2-VL) or intermediate_size (Qwen2.5-VL)
+  int64_t out_width = 3584;   // LLM width the merger projects to
   int64_t in_channels = 3;
   int64_t patch_size = 14;
   int64_t temporal_patch_size = 2;
@@ -59,12 +59,15 @@ struct Qwen2VLConfig {
   nlohmann::json hf;  // the config.json this was read from (fields Loom does not use are kept on save)
 
   VisionFamily family() const { return vision.family; }
-  std::string model_type() const { return vision.family == VisionFamily::qwen2_vl ? "qwen2_vl" : "qwen2_5_vl"; }
+  std::string model_type() const {
+    return vision.family == VisionFamily::qwen2_vl ? "qwen2_vl" : "qwen2_5_vl";
+  }
 };
 
 // Reads a HuggingFace config.json object. `family` (qwen2_vl | qwen2_5_vl) must agree with its
 // model_type when present. `source` names the file in errors.
-Qwen2VLConfig parse_qwen2vl_config(const nlohmann::json& hf, const std::string& family, const std::string& source);
+Qwen2VLConfig parse_qwen2vl_config(const nlohmann::json& hf, const std::string& family,
+                                   const std::string& source);
 
 // The config.json object for a model (HF field names), starting from the fields it was read from.
 nlohmann::json to_hf_config(const Qwen2VLConfig& config);

@@ -8,14 +8,14 @@ namespace loom::models {
 
 TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& options)
     : num_heads(c.num_heads), num_kv_heads(c.num_kv_heads), head_dim(c.head_dim()) {
-  q_proj = register_module("q_proj",
-                           std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, num_heads * head_dim, true, options));
-  k_proj = register_module(
-      "k_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, num_kv_heads * head_dim, true, options));
-  v_proj = register_module(
-      "v_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, num_kv_heads * head_dim, true, options));
-  o_proj = register_module("o_proj",
-                           std::make_shared<parallel::RowParallelLinear>(num_heads * head_dim, c.hidden_size, false, options));
+  q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                         c.hidden_size, num_heads * head_dim, true, options));
+  k_proj = register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                         c.hidden_size, num_kv_heads * head_dim, true, options));
+  v_proj = register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                         c.hidden_size, num_kv_heads * head_dim, true, options));
+  o_proj = register_module("o_proj", std::make_shared<parallel::RowParallelLinear>(
+                                         num_heads * head_dim, c.hidden_size, false, options));
 }
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
@@ -28,12 +28,12 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
 }
 
 TextMlp::TextMlp(const TextConfig& c, const parallel::ParamOptions& options) {
-  gate_proj = register_module(
-      "gate_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.intermediate_size, false, options));
-  up_proj = register_module(
-      "up_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.intermediate_size, false, options));
-  down_proj = register_module(
-      "down_proj", std::make_shared<parallel::RowParallelLinear>(c.intermediate_size, c.hidden_size, false, options));
+  gate_proj = register_module("gate_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                               c.hidden_size, c.intermediate_size, false, options));
+  up_proj = register_module("up_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                           c.hidden_size, c.intermediate_size, false, options));
+  down_proj = register_module("down_proj", std::make_shared<parallel::RowParallelLinear>(
+                                               c.intermediate_size, c.hidden_size, false, options));
 }
 
 at::Tensor TextMlp::forward(const at::Tensor& x) const {
@@ -43,9 +43,10 @@ at::Tensor TextMlp::forward(const at::Tensor& x) const {
 DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& options) {
   self_attn = register_module("self_attn", std::make_shared<TextAttention>(c, options));
   mlp = register_module("mlp", std::make_shared<TextMlp>(c, options));
-  input_layernorm = register_module("input_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
-  post_attention_layernorm =
-      register_module("post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  input_layernorm = register_module("input_layernorm",
+                                    std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm = register_module(
+      "post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
@@ -57,13 +58,15 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   embed_tokens = register_module("embed_tokens", std::make_shared<parallel::VocabParallelEmbedding>(
                                                      c.vocab_size, c.hidden_size, options));
   auto list = register_module("layers", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < c.num_layers; ++i) layers.push_back(list->append(std::make_shared<DecoderLayer>(c, options)));
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    layers.push_back(list->append(std::make_shared<DecoderLayer>(c, options)));
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
 at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids) const {
-  auto angles = nn::mrope_angles(position_ids, config.head_dim(), config.rope_theta, config.mrope_section);  // (B, L, D)
-  auto cos = angles.cos().unsqueeze(2);  // (B, L, 1, D)
+  auto angles = nn::mrope_angles(position_ids, config.head_dim(), config.rope_theta,
+                                 config.mrope_section);  // (B, L, D)
+  auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
   auto sin = angles.sin().unsqueeze(2);
   auto h = inputs_embeds;
   for (const auto& layer : layers) h = layer->forward(h, cos, sin);

@@ -4,8 +4,8 @@
 
 namespace loom::models {
 
-RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw, const at::Tensor& attention_mask,
-                     const Qwen2VLConfig& config) {
+RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                     const at::Tensor& attention_mask, const Qwen2VLConfig& config) {
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
   const int64_t merge = config.vision.spatial_merge_size;
   auto ids_tensor = input_ids.to(at::kLong).contiguous();
@@ -47,15 +47,16 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
       const int64_t t = grid[image][0], h = grid[image][1] / merge, w = grid[image][2] / merge;
       const int64_t count = t * h * w;
       if (k + count > real.size())
-        throw ModelError(fmt::format("sample {}: image {} needs {} image tokens, the sequence ends first", b, image, count));
+        throw ModelError(fmt::format("sample {}: image {} needs {} image tokens, the sequence ends first", b,
+                                     image, count));
       const int64_t start = next;
       for (int64_t ti = 0; ti < t; ++ti)
         for (int64_t hi = 0; hi < h; ++hi)
           for (int64_t wi = 0; wi < w; ++wi) {
             const int64_t at_index = real[k++];
             if (ids[b][at_index] != config.tokens.image)
-              throw ModelError(fmt::format("sample {}: image {} has fewer image tokens than its grid needs ({})", b,
-                                           image, count));
+              throw ModelError(fmt::format(
+                  "sample {}: image {} has fewer image tokens than its grid needs ({})", b, image, count));
             pos[0][b][at_index] = start + (time_scaled ? 0 : ti);
             pos[1][b][at_index] = start + hi;
             pos[2][b][at_index] = start + wi;
@@ -94,12 +95,13 @@ at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageIn
     auto is_image = (in.input_ids == config.tokens.image).unsqueeze(-1);  // (B, L, 1)
     const int64_t slots = is_image.sum().item<int64_t>();
     if (slots != image_embeds.size(0))
-      throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings", slots,
-                                   image_embeds.size(0)));
+      throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings",
+                                   slots, image_embeds.size(0)));
     embeds = embeds.masked_scatter(is_image, image_embeds);
   }
   at::Tensor positions = in.position_ids;
-  if (!positions.defined()) positions = rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config).position_ids;
+  if (!positions.defined())
+    positions = rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config).position_ids;
   return model->forward(embeds, positions);
 }
 
@@ -122,10 +124,11 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
     flops += l * per_token + t.num_layers * 2.0 * 2.0 * static_cast<double>(l) * l * t.hidden_size;
   if (image_grid_thw.defined() && image_grid_thw.numel() > 0) {
     const double mlp_mats = v.family == VisionFamily::qwen2_vl ? 2 : 3;
-    const double per_patch = 2.0 * v.patch_row_width() * v.width +
-                             v.depth * (2.0 * v.width * 4 * v.width + 2.0 * mlp_mats * v.width * v.mlp_hidden) +
-                             (2.0 * v.merged_width() * v.merged_width() + 2.0 * v.merged_width() * v.out_width) /
-                                 (v.spatial_merge_size * v.spatial_merge_size);
+    const double per_patch =
+        2.0 * v.patch_row_width() * v.width +
+        v.depth * (2.0 * v.width * 4 * v.width + 2.0 * mlp_mats * v.width * v.mlp_hidden) +
+        (2.0 * v.merged_width() * v.merged_width() + 2.0 * v.merged_width() * v.out_width) /
+            (v.spatial_merge_size * v.spatial_merge_size);
     auto grid = image_grid_thw.to(at::kLong).contiguous();
     auto g = grid.accessor<int64_t, 2>();
     for (int64_t i = 0; i < grid.size(0); ++i) {

@@ -28,8 +28,8 @@ struct RopeIndex {
 // M-RoPE position ids: text runs count up on all three axes; an image block starting at s takes
 // (s + t, s + row, s + col) over its merged grid; text after it continues at max + 1. Padding
 // (attention_mask 0) gets position 1.
-RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw, const at::Tensor& attention_mask,
-                     const Qwen2VLConfig& config);
+RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                     const at::Tensor& attention_mask, const Qwen2VLConfig& config);
 
 class Qwen2VLForConditionalGeneration : public torch::nn::Module {
  public:

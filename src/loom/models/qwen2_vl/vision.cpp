@@ -39,32 +39,36 @@ at::Tensor PatchEmbed::forward(const at::Tensor& pixel_rows) const {
 
 VisionAttention::VisionAttention(const VisionConfig& c, const parallel::ParamOptions& options)
     : num_heads(c.num_heads) {
-  qkv = register_module("qkv", std::make_shared<parallel::ColumnParallelLinear>(c.width, 3 * c.width, true, options));
-  proj = register_module("proj", std::make_shared<parallel::RowParallelLinear>(c.width, c.width, true, options));
+  qkv = register_module(
+      "qkv", std::make_shared<parallel::ColumnParallelLinear>(c.width, 3 * c.width, true, options));
+  proj =
+      register_module("proj", std::make_shared<parallel::RowParallelLinear>(c.width, c.width, true, options));
 }
 
-at::Tensor VisionAttention::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
-                                    const at::Tensor& sin) const {
+at::Tensor VisionAttention::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
+                                    const at::Tensor& cos, const at::Tensor& sin) const {
   const int64_t n = x.size(0);
   auto qkv_out = qkv->forward(x).view({n, 3, num_heads, -1});  // (N, 3, H, D), laid out [q|k|v]
   auto q = nn::apply_rotary(qkv_out.select(1, 0), cos, sin);   // (N, H, D)
   auto k = nn::apply_rotary(qkv_out.select(1, 1), cos, sin);
   auto v = qkv_out.select(1, 2);
-  auto out = nn::segment_attention(q, k, v, cu_seqlens);       // (N, H, D)
+  auto out = nn::segment_attention(q, k, v, cu_seqlens);  // (N, H, D)
   return proj->forward(out.reshape({n, -1}));
 }
 
 VisionMlp::VisionMlp(const VisionConfig& c, const parallel::ParamOptions& options) {
   if (c.family == VisionFamily::qwen2_vl) {
-    fc1 = register_module("fc1", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
-    fc2 = register_module("fc2", std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
+    fc1 = register_module(
+        "fc1", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
+    fc2 = register_module(
+        "fc2", std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
   } else {
     gate_proj = register_module(
         "gate_proj", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
-    up_proj =
-        register_module("up_proj", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
-    down_proj = register_module("down_proj",
-                                std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
+    up_proj = register_module(
+        "up_proj", std::make_shared<parallel::ColumnParallelLinear>(c.width, c.mlp_hidden, true, options));
+    down_proj = register_module(
+        "down_proj", std::make_shared<parallel::RowParallelLinear>(c.mlp_hidden, c.width, true, options));
   }
 }
 
@@ -84,10 +88,12 @@ VisionBlock::VisionBlock(const VisionConfig& c, const parallel::ParamOptions& op
   mlp = register_module("mlp", std::make_shared<VisionMlp>(c, options));
 }
 
-at::Tensor VisionBlock::norm(const torch::nn::Module& n, const at::Tensor& x) const { return apply_norm(rms_, n, x); }
+at::Tensor VisionBlock::norm(const torch::nn::Module& n, const at::Tensor& x) const {
+  return apply_norm(rms_, n, x);
+}
 
-at::Tensor VisionBlock::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
-                                const at::Tensor& sin) const {
+at::Tensor VisionBlock::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
+                                const at::Tensor& cos, const at::Tensor& sin) const {
   auto h = x + attn->forward(norm(*norm1, x), cu_seqlens, cos, sin);
   return h + mlp->forward(norm(*norm2, h));
 }
@@ -96,8 +102,10 @@ PatchMerger::PatchMerger(const VisionConfig& c, const parallel::ParamOptions& op
     : rms_(c.family == VisionFamily::qwen2_5_vl), merged_width_(c.merged_width()) {
   ln_q = register_module("ln_q", make_norm(rms_, c.width, options));
   auto mlp = register_module("mlp", std::make_shared<nn::ModuleList>());
-  fc_in = mlp->add("0", std::make_shared<parallel::ColumnParallelLinear>(merged_width_, merged_width_, true, options));
-  fc_out = mlp->add("2", std::make_shared<parallel::RowParallelLinear>(merged_width_, c.out_width, true, options));
+  fc_in = mlp->add(
+      "0", std::make_shared<parallel::ColumnParallelLinear>(merged_width_, merged_width_, true, options));
+  fc_out =
+      mlp->add("2", std::make_shared<parallel::RowParallelLinear>(merged_width_, c.out_width, true, options));
 }
 
 at::Tensor PatchMerger::forward(const at::Tensor& x) const {
@@ -115,10 +123,12 @@ std::vector<int64_t> vision_frame_cu_seqlens(const at::Tensor& grid_thw) {
 }
 
 WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& c) {
-  const int64_t units_per_window = c.window_size / c.spatial_merge_size / c.patch_size;  // window side in units
+  const int64_t units_per_window =
+      c.window_size / c.spatial_merge_size / c.patch_size;  // window side in units
   const int64_t unit_patches = c.spatial_merge_size * c.spatial_merge_size;
   if (units_per_window <= 0)
-    throw ModelError(fmt::format("vision_config.window_size {} is smaller than one merge unit", c.window_size));
+    throw ModelError(
+        fmt::format("vision_config.window_size {} is smaller than one merge unit", c.window_size));
   auto grid = grid_thw.to(at::kLong).contiguous();
   auto g = grid.accessor<int64_t, 2>();
   std::vector<int64_t> order;
@@ -144,10 +154,12 @@ WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& 
   return {at::tensor(order, at::kLong), cu};
 }
 
-VisionTransformer::VisionTransformer(const VisionConfig& c, const parallel::ParamOptions& options) : config(c) {
+VisionTransformer::VisionTransformer(const VisionConfig& c, const parallel::ParamOptions& options)
+    : config(c) {
   patch_embed = register_module("patch_embed", std::make_shared<PatchEmbed>(c, options));
   auto list = register_module("blocks", std::make_shared<nn::ModuleList>());
-  for (int64_t i = 0; i < c.depth; ++i) blocks.push_back(list->append(std::make_shared<VisionBlock>(c, options)));
+  for (int64_t i = 0; i < c.depth; ++i)
+    blocks.push_back(list->append(std::make_shared<VisionBlock>(c, options)));
   merger = register_module("merger", std::make_shared<PatchMerger>(c, options));
 }
 
@@ -157,7 +169,8 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
   auto hidden = patch_embed->forward(pixel_rows);  // (N, width)
   auto positions = nn::vision_patch_positions(grid_thw, config.spatial_merge_size);
   if (positions.size(0) != n)
-    throw ModelError(fmt::format("vision input has {} patch rows but image_grid_thw describes {}", n, positions.size(0)));
+    throw ModelError(
+        fmt::format("vision input has {} patch rows but image_grid_thw describes {}", n, positions.size(0)));
   auto angles = nn::vision_rope_angles(positions, config.head_dim(), kVisionRopeTheta);  // (N, D)
   const auto frame_cu = vision_frame_cu_seqlens(grid_thw);
 
@@ -175,8 +188,9 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
   auto cos = angles.cos().unsqueeze(1);  // (N, 1, D)
   auto sin = angles.sin().unsqueeze(1);
   for (size_t i = 0; i < blocks.size(); ++i) {
-    const bool full = !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
-                                              static_cast<int64_t>(i)) > 0;
+    const bool full =
+        !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
+                                static_cast<int64_t>(i)) > 0;
     // Full attention after window reordering: frames stay contiguous because windows never
     // cross frames and are emitted frame by frame.
     hidden = blocks[i]->forward(hidden, full ? frame_cu : windows.cu_window_seqlens, cos, sin);

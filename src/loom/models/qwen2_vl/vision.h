@@ -19,7 +19,7 @@ class PatchEmbed : public torch::nn::Module {
  public:
   PatchEmbed(const VisionConfig& config, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& pixel_rows) const;  // (N, C*T*P*P) -> (N, width)
-  std::shared_ptr<torch::nn::Module> proj;                // holds proj.weight (width, C, T, P, P)
+  std::shared_ptr<torch::nn::Module> proj;                 // holds proj.weight (width, C, T, P, P)
   at::Tensor weight;
 };
 
@@ -63,8 +63,8 @@ class PatchMerger : public torch::nn::Module {
   PatchMerger(const VisionConfig& config, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x) const;  // (N, width) -> (N/4, out_width)
   std::shared_ptr<torch::nn::Module> ln_q;
-  std::shared_ptr<parallel::ColumnParallelLinear> fc_in;   // mlp.0
-  std::shared_ptr<parallel::RowParallelLinear> fc_out;     // mlp.2
+  std::shared_ptr<parallel::ColumnParallelLinear> fc_in;  // mlp.0
+  std::shared_ptr<parallel::RowParallelLinear> fc_out;    // mlp.2
 
  private:
   bool rms_;
@@ -74,7 +74,7 @@ class PatchMerger : public torch::nn::Module {
 // Qwen2.5-VL windows: the permutation of merge units that groups each window's units together,
 // and the cumulative patch counts per window (empty windows dropped).
 struct WindowIndex {
-  at::Tensor unit_order;              // (N/4) int64: new unit i is old unit unit_order[i]
+  at::Tensor unit_order;  // (N/4) int64: new unit i is old unit unit_order[i]
   std::vector<int64_t> cu_window_seqlens;
 };
 WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& config);
