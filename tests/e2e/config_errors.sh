@@ -1,0 +1,24 @@
+# Bad configuration is a one-line error naming the key, with a non-zero exit code.
+source "$(dirname "$0")/lib.sh"
+expect_error() {
+  local want=$1; shift
+  if "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" --set training.output_dir="$WORK/run" "$@" \
+      > "$WORK/out" 2> "$WORK/err"; then
+    fail "expected an error for $*"
+  fi
+  [ "$(wc -l < "$WORK/err")" -eq 1 ] || { cat "$WORK/err"; fail "error for $* is not one line"; }
+  grep -qF -- "$want" "$WORK/err" || { cat "$WORK/err"; fail "error for $* does not mention '$want'"; }
+  echo "ok: $* -> $(cat "$WORK/err")"
+}
+expect_error "unknown key 'training.lrr'" --set training.lrr=0.1
+expect_error "training.steps: expected an integer" --set training.steps=many
+expect_error "parallel.tp=3" --set parallel.tp=3
+expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_id=9
+expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"
+cat > "$WORK/bad.yaml" <<'YAML'
+model: {family: qwen2_vl, hf_config: /nonexistent/config.json}
+training: {steps: 1}
+YAML
+if "$LOOM" train "$WORK/bad.yaml" 2> "$WORK/err"; then fail "missing hf_config file accepted"; fi
+grep -qF "/nonexistent/config.json" "$WORK/err" || fail "missing file not named: $(cat "$WORK/err")"
+echo "ok: missing model config file -> $(cat "$WORK/err")"

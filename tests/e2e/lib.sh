@@ -1,0 +1,12 @@
+# Shared helpers for the end-to-end tests: each test gets the loom binary and the source dir.
+set -euo pipefail
+LOOM=$1
+SRC=$2
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+# A fast variant of the built-in tiny job for tests.
+small_job() {
+  "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" --set training.threads=2 --set data.eval_samples=50 \
+    --set tools.progress_bar=false --set training.eval_every=0 "$@"
+}

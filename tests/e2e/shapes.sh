@@ -1,0 +1,11 @@
+# `loom shapes` lists the published 7B models without allocating them, with exact counts.
+source "$(dirname "$0")/lib.sh"
+"$LOOM" shapes qwen2-vl-7b | grep -qx "qwen2-vl-7b: 8291375616 parameters" || fail "Qwen2-VL-7B count"
+"$LOOM" shapes qwen2.5-vl-7b | grep -qx "qwen2.5-vl-7b: 8292166656 parameters" || fail "Qwen2.5-VL-7B count"
+"$LOOM" shapes qwen2-vl-7b --names > "$WORK/names"
+grep -qxF "visual.patch_embed.proj.weight	[1280, 3, 2, 14, 14]" "$WORK/names" || fail "patch embed shape"
+grep -qxF "lm_head.weight	[152064, 3584]" "$WORK/names" || fail "lm_head shape"
+"$LOOM" shapes "$SRC/tests/fixtures/hf-qwen2-vl-tiny" --names | sed '$d' | sort > "$WORK/tiny"
+cut -f1,2 "$SRC/tests/fixtures/hf-qwen2-vl-tiny/state_dict_names.txt" | sort > "$WORK/expected"
+diff "$WORK/tiny" "$WORK/expected" || fail "tiny model names differ from HuggingFace's"
+echo "shapes: counts and names match"
