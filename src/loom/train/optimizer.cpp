@@ -1,0 +1,150 @@
+#include "loom/train/optimizer.h"
+
+#include <cmath>
+#include <map>
+#include <set>
+
+#include "loom/util/errors.h"
+
+namespace loom::train {
+
+namespace {
+
+std::string shape_string(at::IntArrayRef sizes) {
+  std::string s = "[";
+  for (size_t i = 0; i < sizes.size(); ++i) s += (i ? ", " : "") + std::to_string(sizes[i]);
+  return s + "]";
+}
+
+void check_unit_interval(const char* key, double value) {
+  if (!(value >= 0.0 && value < 1.0))
+    throw ConfigError(fmt::format("AdamW: {} = {} is out of range; valid is [0, 1)", key, value));
+}
+
+}  // namespace
+
+AdamW::AdamW(std::vector<NamedParam> params, AdamWOptions options) : options_(options) {
+  check_unit_interval("beta1", options.beta1);
+  check_unit_interval("beta2", options.beta2);
+  if (!(options.eps > 0.0)) throw ConfigError(fmt::format("AdamW: eps = {} must be > 0", options.eps));
+  if (!(options.weight_decay >= 0.0))
+    throw ConfigError(fmt::format("AdamW: weight_decay = {} must be >= 0", options.weight_decay));
+
+  at::NoGradGuard no_grad;
+  std::set<std::string> seen;
+  slots_.reserve(params.size());
+  for (auto& np : params) {
+    if (!np.param.defined()) throw ModelError(fmt::format("AdamW: parameter '{}' is undefined", np.name));
+    const auto dtype = np.param.scalar_type();
+    if (dtype != at::kFloat && dtype != at::kBFloat16)
+      throw ModelError(fmt::format("AdamW: parameter '{}' has dtype {}; valid are float32 and bfloat16",
+                                   np.name, c10::toString(dtype)));
+    if (!seen.insert(np.name).second)
+      throw ModelError(fmt::format("AdamW: parameter name '{}' is given twice", np.name));
+    Slot s;
+    s.decay = decays(np);
+    s.exp_avg = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
+    s.exp_avg_sq = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
+    if (dtype == at::kBFloat16)
+      s.master = np.param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    s.p = std::move(np);
+    slots_.push_back(std::move(s));
+  }
+}
+
+bool AdamW::decays(const NamedParam& p) { return p.param.dim() >= 2; }
+
+void AdamW::step(double lr) {
+  at::NoGradGuard no_grad;
+  ++step_;
+  const double b1 = options_.beta1, b2 = options_.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
+  const double sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
+  for (auto& s : slots_) {
+    const at::Tensor& grad = s.p.param.grad();
+    if (!grad.defined()) continue;
+    // The fp32 tensor that is updated: the param itself, or the master copy of a bf16 param.
+    at::Tensor w = s.master.defined() ? s.master : s.p.param;
+    at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
+    if (s.decay && options_.weight_decay != 0.0) w.mul_(1.0 - lr * options_.weight_decay);
+    s.exp_avg.mul_(b1).add_(g, 1.0 - b1);            // m = b1*m + (1-b1)*g
+    s.exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);  // v = b2*v + (1-b2)*g*g
+    // sqrt(vhat) + eps, with vhat = v / (1 - b2^t)
+    at::Tensor denom = s.exp_avg_sq.sqrt().div_(sqrt_bias_correction2).add_(options_.eps);
+    w.addcdiv_(s.exp_avg, denom, -lr / bias_correction1);  // p -= lr * mhat / denom
+    if (s.master.defined()) s.p.param.copy_(s.master);     // round the master into the bf16 param
+  }
+}
+
+void AdamW::zero_grad() {
+  for (auto& s : slots_) s.p.param.mutable_grad() = at::Tensor();
+}
+
+std::vector<std::pair<std::string, at::Tensor>> AdamW::state_dict() const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  out.reserve(slots_.size() * 3 + 1);
+  for (const auto& s : slots_) {
+    out.emplace_back("exp_avg." + s.p.name, s.exp_avg);
+    out.emplace_back("exp_avg_sq." + s.p.name, s.exp_avg_sq);
+    if (s.master.defined()) out.emplace_back("master." + s.p.name, s.master);
+  }
+  out.emplace_back("step", at::scalar_tensor(step_, at::kLong));
+  return out;
+}
+
+void AdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  std::map<std::string, at::Tensor> given;
+  for (const auto& [key, value] : state) {
+    if (!given.emplace(key, value).second)
+      throw CheckpointError(fmt::format("optimizer state: entry '{}' appears twice", key));
+  }
+  auto take = [&](const std::string& key, at::IntArrayRef shape) {
+    auto it = given.find(key);
+    if (it == given.end() || !it->second.defined())
+      throw CheckpointError(
+          fmt::format("optimizer state: missing entry '{}' (expected shape {})", key, shape_string(shape)));
+    if (it->second.sizes() != shape)
+      throw CheckpointError(fmt::format("optimizer state: entry '{}' has shape {}, expected {}", key,
+                                        shape_string(it->second.sizes()), shape_string(shape)));
+    at::Tensor t = it->second;
+    given.erase(it);
+    return t;
+  };
+
+  // Check everything before changing anything, so a bad checkpoint leaves the optimizer as it was.
+  struct Copy {
+    at::Tensor dst, src;
+  };
+  std::vector<Copy> copies;
+  for (auto& s : slots_) {
+    copies.push_back({s.exp_avg, take("exp_avg." + s.p.name, s.exp_avg.sizes())});
+    copies.push_back({s.exp_avg_sq, take("exp_avg_sq." + s.p.name, s.exp_avg_sq.sizes())});
+    if (s.master.defined()) copies.push_back({s.master, take("master." + s.p.name, s.master.sizes())});
+  }
+  const at::Tensor step = take("step", {});
+  if (at::isFloatingType(step.scalar_type()) || step.scalar_type() == at::kBool)
+    throw CheckpointError(fmt::format("optimizer state: entry 'step' has dtype {}, expected an integer",
+                                      c10::toString(step.scalar_type())));
+  if (!given.empty())
+    throw CheckpointError(
+        fmt::format("optimizer state: unexpected entry '{}' (no parameter of that name in this optimizer)",
+                    given.begin()->first));
+
+  at::NoGradGuard no_grad;
+  for (auto& c : copies) c.dst.copy_(c.src);
+  step_ = step.item<int64_t>();
+  for (auto& s : slots_) {
+    if (s.master.defined()) s.p.param.copy_(s.master);
+  }
+}
+
+int64_t AdamW::state_bytes() const {
+  int64_t bytes = 0;
+  for (const auto& s : slots_) {
+    bytes += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+    if (s.master.defined()) bytes += s.master.nbytes();
+  }
+  return bytes;
+}
+
+}  // namespace loom::train

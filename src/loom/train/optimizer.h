@@ -1,0 +1,61 @@
+// AdamW with decoupled weight decay (PyTorch semantics): fp32 moments, and an fp32 master copy of
+// every bf16 parameter so that small updates are not lost to bf16 rounding.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::train {
+
+// A trainable leaf tensor (fp32 or bf16, requires_grad) and its name, which keys the optimizer state.
+struct NamedParam {
+  std::string name;
+  at::Tensor param;
+};
+
+struct AdamWOptions {
+  double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+};
+
+class AdamW {
+ public:
+  // Allocates the state (zeros) and the master copies at once, so state_bytes() is known up front.
+  AdamW(std::vector<NamedParam> params, AdamWOptions options);
+
+  // One update at learning rate `lr`. Counts one step for the whole optimizer (bias correction uses
+  // it); parameters without a grad are left untouched.
+  void step(double lr);
+  // Drops every grad (undefined, not zeros), freeing its memory.
+  void zero_grad();
+
+  // Live state tensors (not copies: save or clone them before the next step):
+  // "exp_avg.<name>", "exp_avg_sq.<name>", "master.<name>" (bf16 params only), and "step" (int64 scalar).
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
+  // Copies a state_dict() into this optimizer. Every entry must be present with the right shape and no
+  // other entry may be present; otherwise CheckpointError naming the entry and nothing is changed.
+  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
+
+  int64_t step_count() const { return step_; }
+  // Bytes held by the moments and the master copies.
+  int64_t state_bytes() const;
+
+  // Weight decay applies to matrices and higher (dim >= 2), never to norm scales or biases.
+  static bool decays(const NamedParam& p);
+
+ private:
+  struct Slot {
+    NamedParam p;
+    at::Tensor exp_avg;     // fp32, shape of p
+    at::Tensor exp_avg_sq;  // fp32, shape of p
+    at::Tensor master;      // fp32 copy of a bf16 p; undefined for fp32 p
+    bool decay = false;
+  };
+  std::vector<Slot> slots_;
+  AdamWOptions options_;
+  int64_t step_ = 0;
+};
+
+}  // namespace loom::train

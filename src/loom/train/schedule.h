@@ -1,0 +1,20 @@
+// Learning-rate schedule (linear warmup, then cosine decay) and global gradient-norm clipping.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+namespace loom::train {
+
+// Learning rate for the 0-based step about to run: max_lr*(step+1)/warmup_steps while
+// step < warmup_steps, then cosine from max_lr down to min_lr over the remaining steps
+// (progress = (step-warmup)/max(1, total-warmup), held at min_lr past total_steps).
+double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, double max_lr, double min_lr);
+
+// Global L2 norm of the grads of `params` (those without a grad are skipped), computed in fp32 per
+// tensor and summed in fp64. When max_norm > 0 and the norm exceeds it, every grad is scaled by
+// max_norm/(norm+1e-6). A non-finite norm is returned without scaling, for the caller to act on.
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+}  // namespace loom::train
