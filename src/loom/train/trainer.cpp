@@ -1,0 +1,371 @@
+#include "loom/train/trainer.h"
+
+#include <ATen/Parallel.h>
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/data/loader.h"
+#include "loom/models/registry.h"
+#include "loom/models/weights.h"
+#include "loom/train/flops.h"
+#include "loom/train/metrics.h"
+#include "loom/train/schedule.h"
+#include "loom/util/errors.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Checks that the ids the model was configured with are the tokenizer's.
+void check_token_ids(const models::Qwen2VLConfig& model, const data::WordTokenizer& tokenizer) {
+  const std::pair<const char*, std::pair<int64_t, const char*>> ids[] = {
+      {"image_token_id", {model.tokens.image, "<|image_pad|>"}},
+      {"video_token_id", {model.tokens.video, "<|video_pad|>"}},
+      {"vision_start_token_id", {model.tokens.vision_start, "<|vision_start|>"}},
+      {"vision_end_token_id", {model.tokens.vision_end, "<|vision_end|>"}}};
+  for (const auto& [key, id_token] : ids) {
+    const int64_t expected = tokenizer.id(id_token.second);
+    if (id_token.first != expected)
+      throw ConfigError(fmt::format("model.hf_config.{}: {} is not the tokenizer's id of {} ({})", key,
+                                    id_token.first, id_token.second, expected));
+  }
+  if (model.text.vocab_size < tokenizer.vocab_size())
+    throw ConfigError(fmt::format("model.hf_config.vocab_size: {} is smaller than the tokenizer's {} tokens",
+                                  model.text.vocab_size, tokenizer.vocab_size()));
+}
+
+models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
+  models::VisionLanguageInputs in;
+  in.input_ids = batch.input_ids;
+  in.attention_mask = batch.attention_mask;
+  in.pixel_values = batch.pixel_values;
+  in.image_grid_thw = batch.image_grid_thw;
+  return in;
+}
+
+// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs).
+at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+  const int64_t length = logits.size(1), vocab = logits.size(2);
+  auto predicted = logits.narrow(1, 0, length - 1).reshape({-1, vocab}).to(at::kFloat);
+  auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
+  return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
+}
+
+std::vector<int64_t> sequence_lengths(const data::Batch& batch) {
+  auto lengths = batch.attention_mask.sum(1).contiguous();
+  return std::vector<int64_t>(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
+}
+
+}  // namespace
+
+models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
+  if (!job.model.hf_config_path.empty()) {
+    std::ifstream in(job.model.hf_config_path);
+    if (!in) throw ConfigError(fmt::format("model.hf_config: cannot open '{}'", job.model.hf_config_path));
+    nlohmann::json hf;
+    try {
+      hf = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::exception& e) {
+      throw ConfigError(
+          fmt::format("model.hf_config: '{}' is not valid JSON ({})", job.model.hf_config_path, e.what()));
+    }
+    return models::model_config_from_json(job.model.family, hf, job.model.hf_config_path);
+  }
+  return models::model_config_from_json(job.model.family, job.model.hf_config,
+                                        job.source + ": model.hf_config");
+}
+
+struct Trainer::StepStats {
+  double loss = 0, grad_norm = 0;
+  int64_t tokens = 0, samples = 0;
+  double flops = 0;
+};
+
+Trainer::Trainer(config::JobConfig job) : job_(std::move(job)) {
+  const auto& t = job_.training;
+  model_config_ = job_model_config(job_);
+  config::validate_parallel(
+      job_,
+      {model_config_.text.num_heads, model_config_.text.num_kv_heads, model_config_.vision.num_heads,
+       model_config_.text.vocab_size, model_config_.text.num_layers},
+      /*world_size=*/1);
+  accumulation_ = t.global_batch_size / t.micro_batch_size;
+  data_ = std::make_unique<VqaData>(job_.data, models::derive_seed(static_cast<uint64_t>(t.seed), "data"));
+  check_token_ids(model_config_, data_->tokenizer());
+
+  parallel::ParamOptions options;
+  options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  model_ = models::build_model(model_config_, options);
+  models::init_parameters(*model_, static_cast<uint64_t>(t.seed));
+  if (!job_.model.init_from.empty()) load_weights(job_.model.init_from);
+
+  // Freezing: every parameter under a listed module prefix stops training.
+  const auto named = models::named_parameters(*model_);
+  for (const auto& prefix : job_.model.freeze) {
+    int64_t matched = 0;
+    for (const auto& [name, param] : named)
+      if (name == prefix || name.rfind(prefix + ".", 0) == 0) {
+        param.set_requires_grad(false);
+        ++matched;
+      }
+    if (matched == 0)
+      throw ConfigError(
+          fmt::format("model.freeze: '{}' matches no parameter (e.g. visual, visual.merger, model, "
+                      "model.layers.0, lm_head)",
+                      prefix));
+  }
+  std::vector<NamedParam> params;
+  for (const auto& [name, param] : named)
+    if (param.requires_grad()) {
+      params.push_back({name, param});
+      trainable_.push_back(param);
+    }
+  if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
+  optimizer_ = std::make_unique<AdamW>(std::move(params),
+                                       AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::load_weights(const std::string& dir) { models::load_parameters(*model_, dir); }
+
+std::optional<std::string> Trainer::resume_directory() const {
+  const auto& resume = job_.training.resume;
+  if (resume == "none") return std::nullopt;
+  if (resume == "auto") return checkpoint::latest_checkpoint(job_.training.output_dir);
+  if (!fs::is_directory(resume))
+    throw ConfigError(
+        fmt::format("training.resume: '{}' is not a checkpoint directory (valid: auto, none, or a "
+                    "directory)",
+                    resume));
+  return resume;
+}
+
+void Trainer::resume_from(const std::string& dir) {
+  load_weights(dir);
+  auto state = nlohmann::json::parse(checkpoint::read_text_file(dir + "/trainer_state.json"));
+  checkpoint::SafetensorsReader reader(dir + "/optimizer.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const auto& name : reader.names()) tensors.emplace_back(name, reader.load(name));
+  optimizer_->load_state_dict(tensors);
+  step_ = state.at("step").get<int64_t>();
+  if (state.at("global_batch_size").get<int64_t>() != job_.training.global_batch_size)
+    throw CheckpointError(
+        fmt::format("{}: saved with global_batch_size {}, the job asks for {}; the data position "
+                    "would not line up",
+                    dir, state.at("global_batch_size").get<int64_t>(), job_.training.global_batch_size));
+  spdlog::info("resumed from {} at step {}", dir, step_);
+}
+
+void Trainer::save_checkpoint() {
+  const auto& t = job_.training;
+  checkpoint::StagedDirectory staged(t.output_dir, checkpoint::checkpoint_name(step_));
+  const std::string dir = staged.path();
+  checkpoint::save_safetensors(dir + "/model.safetensors", models::named_parameters(*model_),
+                               {{"format", "pt"}});
+  checkpoint::write_text_file_durable(dir + "/config.json",
+                                      models::to_hf_config(model_config_).dump(2) + "\n");
+  data_->tokenizer().save(dir + "/tokenizer.json");
+  checkpoint::save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_dict());
+  nlohmann::json state = {{"step", step_},
+                          {"global_batch_size", t.global_batch_size},
+                          {"micro_batch_size", t.micro_batch_size},
+                          {"data_position", step_ * t.global_batch_size},
+                          {"seed", t.seed}};
+  checkpoint::write_text_file_durable(dir + "/trainer_state.json", state.dump(2) + "\n");
+  checkpoint::write_text_file_durable(dir + "/job.yaml", config::to_yaml(job_));
+  staged.commit();
+  checkpoint::prune_checkpoints(t.output_dir, static_cast<int>(t.keep_last));
+  spdlog::info("saved checkpoint {}", staged.final_path());
+}
+
+Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_batches) {
+  StepStats stats;
+  int64_t targets = 0;
+  for (const auto& b : micro_batches) targets += b.num_target_tokens;
+  if (targets == 0) throw DataError("a training step has no target tokens to learn from");
+  // Loss is the mean over every target token of the global batch, so the gradient does not
+  // depend on how the batch is split into micro-batches.
+  const double scale = 1.0 / static_cast<double>(targets);
+  double loss_sum = 0;
+  for (const auto& batch : micro_batches) {
+    auto logits = model_->forward(model_inputs(batch));
+    auto loss = token_loss_sum(logits, batch.labels);
+    (loss * scale).backward();
+    loss_sum += loss.item<double>();
+    stats.tokens += batch.attention_mask.sum().item<int64_t>();
+    stats.samples += batch.input_ids.size(0);
+    stats.flops += model_->training_flops(sequence_lengths(batch), batch.image_grid_thw);
+  }
+  stats.loss = loss_sum * scale;
+  stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
+  return stats;
+}
+
+std::optional<EvalResult> Trainer::train() {
+  const auto& t = job_.training;
+  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
+  peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
+  fs::create_directories(t.output_dir);
+  if (auto dir = resume_directory()) resume_from(*dir);
+  checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
+  MetricsLog metrics(t.output_dir, step_);
+  spdlog::info(
+      "training {} parameters ({} trainable) for {} steps, global batch {} = {} x {} micro-batches",
+      models::parameter_count(*model_),
+      [&] {
+        int64_t n = 0;
+        for (const auto& p : trainable_) n += p.numel();
+        return n;
+      }(),
+      t.steps, t.global_batch_size, accumulation_, t.micro_batch_size);
+
+  const int64_t micro = t.micro_batch_size;
+  data::PrefetchLoader<data::Batch> loader(
+      [this, micro](int64_t index) { return data_->train_batch(index, micro); }, step_ * accumulation_,
+      static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
+  ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
+                       job_.tools.progress_bar ? ProgressBar::Mode::automatic : ProgressBar::Mode::lines);
+  const auto start = Clock::now();
+  double window_data_wait = 0, window_time = 0;
+  while (step_ < t.steps) {
+    const auto step_start = Clock::now();
+    const double wait_before = loader.wait_seconds();
+    std::vector<data::Batch> micro_batches;
+    for (int64_t m = 0; m < accumulation_; ++m) micro_batches.push_back(loader.next());
+    const double data_wait = loader.wait_seconds() - wait_before;
+
+    const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
+    auto stats = train_step(micro_batches);
+    optimizer_->step(lr);
+    optimizer_->zero_grad();
+    ++step_;
+
+    const double seconds = seconds_since(step_start);
+    window_data_wait += data_wait;
+    window_time += seconds;
+    const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
+    const double mfu = stats.flops / seconds / peak_flops_;
+    metrics.write({{"step", step_},
+                   {"loss", stats.loss},
+                   {"lr", lr},
+                   {"grad_norm", stats.grad_norm},
+                   {"tokens_per_s", tokens_per_s},
+                   {"samples_per_s", samples_per_s},
+                   {"mfu", mfu},
+                   {"step_time_s", seconds},
+                   {"data_wait_s", data_wait}});
+    progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, mfu, seconds_since(start));
+    if (step_ % job_.tools.log_every == 0 || step_ == t.steps) {
+      spdlog::debug("step {}: loader share of step time {:.2f}%", step_,
+                    100.0 * window_data_wait / window_time);
+      window_data_wait = window_time = 0;
+    }
+    const bool last = step_ == t.steps;
+    if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {
+      progress.finish();
+      auto result = evaluate();
+      metrics.write({{"step", step_}, {"eval_accuracy", result.accuracy}});
+      spdlog::info("step {}: eval accuracy {:.2f}% on {} held-out questions", step_, 100 * result.accuracy,
+                   result.samples);
+    }
+    const bool exiting = !last && t.exit_interval > 0 && step_ % t.exit_interval == 0;
+    if ((t.save_every > 0 && step_ % t.save_every == 0) || last || exiting) {
+      progress.finish();
+      save_checkpoint();
+    }
+    if (exiting) {
+      spdlog::info("step {}: exit_interval {} reached; resume with the same command", step_, t.exit_interval);
+      return std::nullopt;
+    }
+  }
+  progress.finish();
+  auto result = evaluate();
+  nlohmann::json line = {{"step", step_}, {"eval_accuracy", result.accuracy}};
+  for (const auto& [type, acc] : result.per_type) line["eval_accuracy_" + type] = acc;
+  metrics.write(line);
+  return result;
+}
+
+EvalResult Trainer::evaluate() {
+  at::NoGradGuard no_grad;
+  constexpr int64_t kBatch = 100;
+  constexpr int64_t kMaxAnswerTokens = 4;
+  const auto& tokenizer = data_->tokenizer();
+  const int64_t im_end = tokenizer.id("<|im_end|>");
+  EvalResult result;
+  std::map<std::string, int64_t> correct_by_type;
+  int64_t correct = 0;
+  for (int64_t begin = 0; begin < data_->eval_samples(); begin += kBatch) {
+    const int64_t end = std::min(begin + kBatch, data_->eval_samples());
+    auto batch = data_->eval_prompts(begin, end);
+    const int64_t rows = batch.input_ids.size(0);
+    auto lengths = sequence_lengths(batch);
+    // Room for the answer: right padding, so each row's new token goes at its own length.
+    auto ids = at::cat(
+        {batch.input_ids, at::full({rows, kMaxAnswerTokens}, tokenizer.id("<|endoftext|>"), at::kLong)}, 1);
+    auto mask = at::cat({batch.attention_mask, at::zeros({rows, kMaxAnswerTokens}, at::kLong)}, 1);
+    std::vector<std::vector<int64_t>> answers(rows);
+    std::vector<bool> finished(rows, false);
+    // Image embeddings do not change while decoding: compute them once.
+    auto image_embeds = model_->image_embeddings(batch.pixel_values, batch.image_grid_thw);
+    for (int64_t t = 0; t < kMaxAnswerTokens; ++t) {
+      auto embeds = model_->model->embed_tokens->forward(ids);
+      embeds = embeds.masked_scatter((ids == model_config_.tokens.image).unsqueeze(-1),
+                                     image_embeds.to(embeds.scalar_type()));
+      auto positions = models::rope_index(ids, batch.image_grid_thw, mask, model_config_).position_ids;
+      auto hidden = model_->model->forward(embeds, positions);
+      auto last = at::empty({rows}, at::kLong);
+      for (int64_t r = 0; r < rows; ++r) last[r] = lengths[r] - 1;
+      auto next = model_->logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);
+      bool all_done = true;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (finished[r]) continue;
+        const int64_t token = next[r].item<int64_t>();
+        if (token == im_end) {
+          finished[r] = true;
+          continue;
+        }
+        answers[r].push_back(token);
+        ids[r][lengths[r]] = token;
+        mask[r][lengths[r]] = 1;
+        ++lengths[r];
+        all_done = false;
+      }
+      if (all_done) break;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const auto& type = batch.question_types[r];
+      const bool ok = finished[r] && tokenizer.decode(answers[r]) == batch.answers[r];
+      correct += ok;
+      correct_by_type[type] += ok;
+      result.per_type_samples[type] += 1;
+    }
+    result.samples += rows;
+  }
+  result.accuracy = result.samples ? static_cast<double>(correct) / result.samples : 0.0;
+  for (const auto& [type, n] : result.per_type_samples)
+    result.per_type[type] = static_cast<double>(correct_by_type[type]) / n;
+  return result;
+}
+
+void print_eval(const EvalResult& result) {
+  fmt::print("eval: exact-match accuracy {:.2f}% on {} held-out questions\n", 100 * result.accuracy,
+             result.samples);
+  for (const auto& [type, acc] : result.per_type)
+    fmt::print("  {:<10} {:6.2f}%  ({} questions)\n", type, 100 * acc, result.per_type_samples.at(type));
+}
+
+}  // namespace loom::train

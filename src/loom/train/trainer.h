@@ -1,0 +1,65 @@
+// Single-process training of a vision-language model from a job config: the step loop with
+// gradient accumulation, AdamW, schedule and clipping, progress and metrics, periodic
+// evaluation, and atomic checkpoints that a later run resumes from exactly.
+#pragma once
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "loom/config/config.h"
+#include "loom/models/qwen2_vl/model.h"
+#include "loom/train/optimizer.h"
+#include "loom/train/vqa_data.h"
+
+namespace loom::train {
+
+struct EvalResult {
+  int64_t samples = 0;
+  double accuracy = 0;                     // exact match of the generated answer
+  std::map<std::string, double> per_type;  // accuracy per question type
+  std::map<std::string, int64_t> per_type_samples;
+};
+
+// The model architecture a job asks for (model.hf_config as a path or inline fields).
+models::Qwen2VLConfig job_model_config(const config::JobConfig& job);
+
+class Trainer {
+ public:
+  explicit Trainer(config::JobConfig job);
+  ~Trainer();
+
+  // Trains to training.steps (resuming per training.resume), evaluating and saving on schedule.
+  // Returns the final evaluation, or nothing when training.exit_interval stopped the run early.
+  std::optional<EvalResult> train();
+  // Exact-match accuracy of greedy answers on the held-out split.
+  EvalResult evaluate();
+  // Replaces the weights by those of a checkpoint or model directory.
+  void load_weights(const std::string& dir);
+
+  int64_t step() const { return step_; }
+  const models::Qwen2VLForConditionalGeneration& model() const { return *model_; }
+
+ private:
+  struct StepStats;
+  StepStats train_step(const std::vector<data::Batch>& micro_batches);
+  void save_checkpoint();
+  void resume_from(const std::string& dir);
+  std::optional<std::string> resume_directory() const;
+  void log_eval(const EvalResult& result);
+
+  config::JobConfig job_;
+  models::Qwen2VLConfig model_config_;
+  std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
+  std::unique_ptr<VqaData> data_;
+  std::unique_ptr<AdamW> optimizer_;
+  std::vector<at::Tensor> trainable_;
+  int64_t step_ = 0;
+  int64_t accumulation_ = 1;
+  double peak_flops_ = 0;
+};
+
+// Prints an evaluation as the final report: overall and per question type.
+void print_eval(const EvalResult& result);
+
+}  // namespace loom::train
