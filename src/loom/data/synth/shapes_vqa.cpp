@@ -198,10 +198,21 @@ void draw_shape(Image& image, int q, const Cell& cell, CounterRng& rng) {
   }
 }
 
+// The board's quadrants carry faint, distinct background tints (all far darker than any shape):
+// a visual landmark for position questions, as a real scene has, so a small model can tell
+// where a shape is from the picture itself.
+const std::array<std::array<int, 3>, 4> kQuadrantTint = {{{22, 0, 0}, {0, 22, 0}, {0, 0, 22}, {18, 18, 0}}};
+
 Image draw_scene(const Scene& scene, int size, CounterRng& rng) {
-  std::array<uint8_t, 3> background;
-  for (int c = 0; c < 3; ++c) background[c] = clamp_u8(kBackgroundRgb[c] + rng.between(-6, 6));
-  Image image = Image::filled(size, size, background[0], background[1], background[2]);
+  std::array<int, 3> jitter;
+  for (int c = 0; c < 3; ++c) jitter[c] = rng.between(-6, 6);
+  Image image = Image::filled(size, size, 0, 0, 0);
+  const int half = size / 2;
+  for (int y = 0; y < size; ++y)
+    for (int x = 0; x < size; ++x) {
+      const auto& tint = kQuadrantTint[(y / half) * 2 + x / half];
+      for (int c = 0; c < 3; ++c) image.pixel(y, x)[c] = clamp_u8(kBackgroundRgb[c] + tint[c] + jitter[c]);
+    }
   for (int q = 0; q < kQuadrants; ++q)
     if (!scene[q].empty()) draw_shape(image, q, scene[q], rng);
   draw_noise(image, rng, 6);
