@@ -1,5 +1,5 @@
 # Bad configuration is a one-line error naming the key, with a non-zero exit code.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 expect_error() {
   local want=$1; shift
   if "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" --set training.output_dir="$WORK/run" "$@" \
@@ -11,7 +11,7 @@ expect_error() {
   echo "ok: $* -> $(cat "$WORK/err")"
 }
 expect_error "unknown key 'training.lrr'" --set training.lrr=0.1
-expect_error "training.steps: expected an integer" --set training.steps=many
+expect_error "training.steps=many: expected an integer" --set training.steps=many
 expect_error "parallel.tp=3" --set parallel.tp=3
 expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_id=9
 expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"

@@ -1,6 +1,6 @@
 # `loom forward` on the HuggingFace tiny Qwen2-VL fixture reproduces HuggingFace's logits and
 # image embeddings (max abs difference 1e-4).
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 FIX="$SRC/tests/fixtures/hf-qwen2-vl-tiny"
 python3 - "$FIX/input.json" "$WORK/input.json" <<'PY'
 import json, os, sys

@@ -1,6 +1,6 @@
 # A run stopped after step k and resumed gives, at every later step, the loss of the run that was
 # never stopped (within 1e-6 relative), and ends with the same weights.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 common=(--set training.steps=24 --set training.global_batch_size=16 --set training.micro_batch_size=8
         --set training.warmup_steps=4 --set training.save_every=0)
 small_job "${common[@]}" --set training.output_dir="$WORK/straight" > "$WORK/straight.log" 2>&1 ||

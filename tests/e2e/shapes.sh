@@ -1,5 +1,5 @@
 # `loom shapes` lists the published 7B models without allocating them, with exact counts.
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/lib.bash"
 "$LOOM" shapes qwen2-vl-7b | grep -qx "qwen2-vl-7b: 8291375616 parameters" || fail "Qwen2-VL-7B count"
 "$LOOM" shapes qwen2.5-vl-7b | grep -qx "qwen2.5-vl-7b: 8292166656 parameters" || fail "Qwen2.5-VL-7B count"
 "$LOOM" shapes qwen2-vl-7b --names > "$WORK/names"

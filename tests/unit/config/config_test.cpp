@@ -208,7 +208,7 @@ TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
   const std::string message = parse_error(with_training("  lrr: 0.1\n"));
   EXPECT_THAT(message, HasSubstr("job.yaml: unknown key 'training.lrr' (valid keys in training: steps, "
                                  "global_batch_size, micro_batch_size, lr, min_lr,"));
-  EXPECT_THAT(message, HasSubstr("peak_tflops; did you mean 'lr'?)"));
+  EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
             "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar)");
 }

@@ -180,10 +180,10 @@ TEST(ShapesVqa, EveryAnswerMatchesTheDrawnScene) {
           ++shapes;
           EXPECT_EQ(q.blobs, 1);
           EXPECT_NE(q.color, "unknown");
-          // Size is 55-80% of the quadrant side (a circle's or triangle's drawn extent may lose a pixel).
+          // Size is 70-90% of the quadrant side (a circle's or triangle's drawn extent may lose a pixel).
           const int half = size / 2;
-          EXPECT_GE(std::max(q.box_width, q.box_height), half * 55 / 100 - 1);
-          EXPECT_LE(std::max(q.box_width, q.box_height), half * 80 / 100);
+          EXPECT_GE(std::max(q.box_width, q.box_height), half * 70 / 100 - 1);
+          EXPECT_LE(std::max(q.box_width, q.box_height), half * 90 / 100);
         }
         EXPECT_GE(shapes, 1);
         EXPECT_EQ(s.answer, expected_answer(s.question_type, s.question, seen))

@@ -181,10 +181,10 @@ bool covers(int shape, int u, int v, int side) {
   }
 }
 
-// Draws one shape inside quadrant q: size 55-80% of the quadrant side, at a random offset.
+// Draws one shape inside quadrant q: size 70-90% of the quadrant side, at a random offset.
 void draw_shape(Image& image, int q, const Cell& cell, CounterRng& rng) {
   const int half = image.width / 2;
-  const int side = rng.between(half * 55 / 100, half * 80 / 100);
+  const int side = rng.between(half * 70 / 100, half * 90 / 100);
   const int x0 = (q % 2) * half + rng.between(0, half - side);
   const int y0 = (q / 2) * half + rng.between(0, half - side);
   std::array<uint8_t, 3> rgb;
