@@ -13,10 +13,9 @@ Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::
   return parse_qwen2vl_config(hf, family, source);
 }
 
-Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family) {
-  const std::string path = dir + "/config.json";
+Qwen2VLConfig model_config_from_file(const std::string& path, const std::string& family) {
   std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the model's config.json", path));
+  if (!in) throw ConfigError(fmt::format("{}: cannot open the model config", path));
   nlohmann::json hf;
   try {
     hf = nlohmann::json::parse(in);
@@ -30,6 +29,10 @@ Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& f
     resolved = hf["model_type"].get<std::string>();
   }
   return parse_qwen2vl_config(hf, resolved, path);
+}
+
+Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family) {
+  return model_config_from_file(dir + "/config.json", family);
 }
 
 std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(const Qwen2VLConfig& config,

@@ -15,6 +15,9 @@ std::vector<std::string> model_families();
 Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
                                      const std::string& source);
 
+// Reads a config.json file (family from its model_type when `family` is empty).
+Qwen2VLConfig model_config_from_file(const std::string& path, const std::string& family = "");
+
 // Reads `<dir>/config.json` (family from its model_type when `family` is empty).
 Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family = "");
 

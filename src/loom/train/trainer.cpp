@@ -72,16 +72,11 @@ std::vector<int64_t> sequence_lengths(const data::Batch& batch) {
 
 models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
   if (!job.model.hf_config_path.empty()) {
-    std::ifstream in(job.model.hf_config_path);
-    if (!in) throw ConfigError(fmt::format("model.hf_config: cannot open '{}'", job.model.hf_config_path));
-    nlohmann::json hf;
-    try {
-      hf = nlohmann::json::parse(in);
-    } catch (const nlohmann::json::exception& e) {
+    if (!fs::is_regular_file(job.model.hf_config_path))
       throw ConfigError(
-          fmt::format("model.hf_config: '{}' is not valid JSON ({})", job.model.hf_config_path, e.what()));
-    }
-    return models::model_config_from_json(job.model.family, hf, job.model.hf_config_path);
+          fmt::format("model.hf_config: '{}' is not a file (give a config.json path or inline fields)",
+                      job.model.hf_config_path));
+    return models::model_config_from_file(job.model.hf_config_path, job.model.family);
   }
   return models::model_config_from_json(job.model.family, job.model.hf_config,
                                         job.source + ": model.hf_config");
