@@ -18,6 +18,8 @@
 namespace loom::checkpoint {
 namespace {
 
+using testing::expect_checkpoint_error;
+
 using testing::read_bytes;
 using testing::TempDir;
 using testing::write_bytes;
@@ -37,20 +39,6 @@ std::string safetensors_bytes(const std::string& header, const std::string& data
   std::string out;
   append_le<uint64_t>(out, text.size());
   return out + text + data;
-}
-
-// Runs `body`, expecting a CheckpointError whose message contains every one of `parts`.
-template <typename Body>
-void expect_checkpoint_error(Body body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected a CheckpointError mentioning '" << parts.front() << "'";
-  } catch (const CheckpointError& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message '" << e.what() << "' does not mention '" << part << "'";
-    }
-  }
 }
 
 int16_t bits16(const at::Tensor& t, int64_t i) { return t.view(at::kShort)[i].item<int16_t>(); }

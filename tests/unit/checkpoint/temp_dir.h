@@ -1,11 +1,16 @@
-// A fresh directory under the system temp directory for one test, removed afterwards.
+// Shared helpers of the checkpoint tests: a fresh temporary directory per test (removed
+// afterwards) and a check that an error names what it should.
 #pragma once
+#include <gtest/gtest.h>
 #include <stdlib.h>
 
 #include <filesystem>
 #include <fstream>
 #include <stdexcept>
 #include <string>
+#include <vector>
+
+#include "loom/util/errors.h"
 
 namespace loom::checkpoint::testing {
 
@@ -39,6 +44,20 @@ inline void write_bytes(const std::string& path, const std::string& bytes) {
 inline std::string read_bytes(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `body`, expecting a CheckpointError whose message contains every one of `parts`.
+template <typename Body>
+void expect_checkpoint_error(Body body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected a CheckpointError mentioning '" << parts.front() << "'";
+  } catch (const CheckpointError& e) {
+    for (const std::string& part : parts) {
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "message '" << e.what() << "' does not mention '" << part << "'";
+    }
+  }
 }
 
 }  // namespace loom::checkpoint::testing

@@ -9,21 +9,10 @@
 namespace loom::checkpoint {
 namespace {
 
+using testing::expect_checkpoint_error;
+
 using testing::TempDir;
 using testing::write_bytes;
-
-template <typename Body>
-void expect_checkpoint_error(Body body, const std::vector<std::string>& parts) {
-  try {
-    body();
-    ADD_FAILURE() << "expected a CheckpointError mentioning '" << parts.front() << "'";
-  } catch (const CheckpointError& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message '" << e.what() << "' does not mention '" << part << "'";
-    }
-  }
-}
 
 TEST(WeightSource, ReadsSingleFileDirectory) {
   const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/hf-qwen2-vl-tiny";
