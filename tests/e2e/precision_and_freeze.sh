@@ -2,7 +2,7 @@
 # keeps its weights while the rest trains.
 source "$(dirname "$0")/lib.bash"
 common=(--set training.steps=12 --set training.global_batch_size=16 --set training.micro_batch_size=16
-        --set training.warmup_steps=2 --set training.save_every=4 --set training.keep_last=5)
+        --set training.warmup_steps=2 --set training.save_every=4 --set training.keep_last=5 --set training.lr=2e-3)
 small_job "${common[@]}" --set training.output_dir="$WORK/fp32" > "$WORK/fp32.log" 2>&1 || { cat "$WORK/fp32.log"; fail fp32; }
 small_job "${common[@]}" --set training.output_dir="$WORK/bf16" --set training.precision=bf16 > "$WORK/bf16.log" 2>&1 ||
   { cat "$WORK/bf16.log"; fail bf16; }

@@ -120,7 +120,7 @@ std::string expected_answer(const std::string& type, const std::string& question
   if (type == "count") return kNumbers[matching(false, !color.empty()).size()];
   std::vector<int> qs = type == "color"   ? matching(true, false)
                         : type == "shape" ? matching(false, true)
-                                          : matching(true, true);
+                                          : matching(!shape.empty(), !color.empty());
   if (qs.size() != 1) return "<ambiguous>";
   const SeenShape& s = seen[qs[0]];
   return type == "color" ? s.color : type == "shape" ? s.shape : kCorner[qs[0]];

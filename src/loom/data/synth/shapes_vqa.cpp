@@ -54,9 +54,12 @@ const std::vector<std::string> kCountAllQuestions = {"how many shapes are there 
                                                      "how many objects are in the image ?"};
 const std::vector<std::string> kCountColorQuestions = {"how many {color} shapes are there ?",
                                                        "how many {color} objects are in the image ?"};
-const std::vector<std::string> kPositionQuestions = {"where is the {color} {shape} ?",
-                                                     "in which corner is the {color} {shape} ?",
-                                                     "which part of the image has the {color} {shape} ?"};
+const std::vector<std::string> kPositionColorQuestions = {"where is the {color} object ?",
+                                                          "in which corner is the {color} shape ?",
+                                                          "which part of the image has the {color} object ?"};
+const std::vector<std::string> kPositionShapeQuestions = {"where is the {shape} ?",
+                                                          "in which corner is the {shape} ?",
+                                                          "which part of the image has the {shape} ?"};
 
 constexpr int kQuadrants = 4;
 constexpr int kEvalOneIn = 10;  // about a tenth of all scenes belong to the eval split
@@ -100,13 +103,12 @@ struct Question {
 
 // Picks a question of the given type that the scene answers unambiguously; false if none.
 bool make_question(const std::string& type, const Scene& scene, CounterRng& rng, Question& out) {
-  std::vector<int> shape_count(3, 0), color_count(5, 0), pair_count(15, 0);
+  std::vector<int> shape_count(3, 0), color_count(5, 0);
   int total = 0;
   for (const Cell& cell : scene) {
     if (cell.empty()) continue;
     ++shape_count[cell.shape];
     ++color_count[cell.color];
-    ++pair_count[cell.shape * 5 + cell.color];
     ++total;
   }
   std::vector<int> choices;
@@ -142,13 +144,22 @@ bool make_question(const std::string& type, const Scene& scene, CounterRng& rng,
       out.answer = kCountWords[color_count[color]];
     }
   } else {  // position
-    for (int q = 0; q < kQuadrants; ++q)
-      if (!scene[q].empty() && pair_count[scene[q].shape * 5 + scene[q].color] == 1) choices.push_back(q);
+    // Name the object by its colour or by its shape, whichever the scene makes unique.
+    const bool by_color = rng.below(2) == 0;
+    for (int q = 0; q < kQuadrants; ++q) {
+      const Cell& cell = scene[q];
+      if (!cell.empty() && (by_color ? color_count[cell.color] : shape_count[cell.shape]) == 1)
+        choices.push_back(q);
+    }
     if (choices.empty()) return false;
     const int q = choices[rng.below(choices.size())];
-    const std::string& phrasing = kPositionQuestions[rng.below(kPositionQuestions.size())];
-    out.question =
-        fill(fill(phrasing, "{color}", kColors[scene[q].color]), "{shape}", kShapes[scene[q].shape]);
+    if (by_color) {
+      out.question = fill(kPositionColorQuestions[rng.below(kPositionColorQuestions.size())], "{color}",
+                          kColors[scene[q].color]);
+    } else {
+      out.question = fill(kPositionShapeQuestions[rng.below(kPositionShapeQuestions.size())], "{shape}",
+                          kShapes[scene[q].shape]);
+    }
     out.answer = kPositions[q];
   }
   return true;
@@ -242,8 +253,9 @@ const std::vector<std::string>& ShapesVqa::question_types() {
 
 std::vector<std::string> ShapesVqa::vocabulary() {
   std::set<std::string> words;
-  for (const auto* list : {&kColorQuestions, &kShapeQuestions, &kCountAllQuestions, &kCountColorQuestions,
-                           &kPositionQuestions, &kShapes, &kColors, &kPositions, &kCountWords}) {
+  for (const auto* list :
+       {&kColorQuestions, &kShapeQuestions, &kCountAllQuestions, &kCountColorQuestions,
+        &kPositionColorQuestions, &kPositionShapeQuestions, &kShapes, &kColors, &kPositions, &kCountWords}) {
     for (const std::string& text : *list)
       for (const std::string& w : words_of(text))
         if (w != "{shape}" && w != "{color}") words.insert(w);
