@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
 
-  std::string config_path, checkpoint_dir, model_dir, input_path, out_dir, shapes_model;
+  std::string config_path, checkpoint_dir, predictions_path, model_dir, input_path, out_dir, shapes_model;
   std::vector<std::string> overrides;
   bool list_names = false;
 
@@ -160,6 +160,8 @@ int main(int argc, char** argv) {
   eval->add_option("config", config_path, "Job config file")->required();
   eval->add_option("--checkpoint", checkpoint_dir, "Checkpoint directory")->required();
   eval->add_option("--set", overrides, "Override a config key: key=value (repeatable)");
+  eval->add_option("--predictions", predictions_path,
+                   "Write each question, its answer and the model's answer as JSON lines to this file");
 
   auto* forward =
       app.add_subcommand("forward", "One forward pass of a model directory on given ids and images");
@@ -195,7 +197,9 @@ int main(int argc, char** argv) {
         if (auto result = trainer.train()) train::print_eval(*result);
       } else {
         trainer.load_weights(checkpoint_dir);
-        train::print_eval(trainer.evaluate());
+        const auto result = trainer.evaluate();
+        train::print_eval(result);
+        if (!predictions_path.empty()) train::write_predictions(result, predictions_path);
       }
       return 0;
     }

@@ -271,10 +271,7 @@ std::optional<EvalResult> Trainer::train() {
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {
       progress.finish();
-      auto result = evaluate();
-      metrics.write({{"step", step_}, {"eval_accuracy", result.accuracy}});
-      spdlog::info("step {}: eval accuracy {:.2f}% on {} held-out questions", step_, 100 * result.accuracy,
-                   result.samples);
+      log_eval(evaluate(), metrics);
     }
     const bool exiting = !last && t.exit_interval > 0 && step_ % t.exit_interval == 0;
     if ((t.save_every > 0 && step_ % t.save_every == 0) || last || exiting) {
@@ -288,10 +285,20 @@ std::optional<EvalResult> Trainer::train() {
   }
   progress.finish();
   auto result = evaluate();
-  nlohmann::json line = {{"step", step_}, {"eval_accuracy", result.accuracy}};
-  for (const auto& [type, acc] : result.per_type) line["eval_accuracy_" + type] = acc;
-  metrics.write(line);
+  log_eval(result, metrics);
   return result;
+}
+
+void Trainer::log_eval(const EvalResult& result, MetricsLog& metrics) {
+  nlohmann::json line = {{"step", step_}, {"eval_accuracy", result.accuracy}};
+  std::string by_type;
+  for (const auto& [type, acc] : result.per_type) {
+    line["eval_accuracy_" + type] = acc;
+    by_type += fmt::format("{}{} {:.1f}%", by_type.empty() ? "" : ", ", type, 100 * acc);
+  }
+  metrics.write(line);
+  spdlog::info("step {}: eval accuracy {:.2f}% on {} held-out questions ({})", step_, 100 * result.accuracy,
+               result.samples, by_type);
 }
 
 EvalResult Trainer::evaluate() {
@@ -341,9 +348,21 @@ EvalResult Trainer::evaluate() {
       }
       if (all_done) break;
     }
+    const int64_t vision_end = model_config_.tokens.vision_end;
+    auto prompt_ids = batch.input_ids.accessor<int64_t, 2>();
     for (int64_t r = 0; r < rows; ++r) {
       const auto& type = batch.question_types[r];
-      const bool ok = finished[r] && tokenizer.decode(answers[r]) == batch.answers[r];
+      const std::string predicted = tokenizer.decode(answers[r]);
+      const bool ok = finished[r] && predicted == batch.answers[r];
+      // The question: the prompt's tokens between the image and the end of the user turn.
+      std::vector<int64_t> question;
+      bool in_question = false;
+      for (int64_t i = 0; i < batch.input_ids.size(1) && prompt_ids[r][i] != im_end; ++i) {
+        if (in_question) question.push_back(prompt_ids[r][i]);
+        in_question = in_question || prompt_ids[r][i] == vision_end;
+      }
+      result.predictions.push_back(
+          {tokenizer.decode(question), batch.answers[r], finished[r] ? predicted : predicted + " ...", type});
       correct += ok;
       correct_by_type[type] += ok;
       result.per_type_samples[type] += 1;
@@ -354,6 +373,19 @@ EvalResult Trainer::evaluate() {
   for (const auto& [type, n] : result.per_type_samples)
     result.per_type[type] = static_cast<double>(correct_by_type[type]) / n;
   return result;
+}
+
+void write_predictions(const EvalResult& result, const std::string& path) {
+  std::string text;
+  for (const EvalPrediction& p : result.predictions) {
+    text += nlohmann::json{{"question", p.question},
+                           {"answer", p.answer},
+                           {"predicted", p.predicted},
+                           {"question_type", p.question_type}}
+                .dump() +
+            "\n";
+  }
+  checkpoint::write_text_file_durable(path, text);
 }
 
 void print_eval(const EvalResult& result) {

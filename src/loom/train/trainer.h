@@ -6,6 +6,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/config/config.h"
 #include "loom/models/qwen2_vl/model.h"
@@ -14,12 +15,20 @@
 
 namespace loom::train {
 
+// One held-out question with the model's greedy answer.
+struct EvalPrediction {
+  std::string question, answer, predicted, question_type;
+};
+
 struct EvalResult {
   int64_t samples = 0;
   double accuracy = 0;                     // exact match of the generated answer
   std::map<std::string, double> per_type;  // accuracy per question type
   std::map<std::string, int64_t> per_type_samples;
+  std::vector<EvalPrediction> predictions;  // in eval order
 };
+
+class MetricsLog;
 
 // The model architecture a job asks for (model.hf_config as a path or inline fields).
 models::Qwen2VLConfig job_model_config(const config::JobConfig& job);
@@ -46,7 +55,7 @@ class Trainer {
   void save_checkpoint();
   void resume_from(const std::string& dir);
   std::optional<std::string> resume_directory() const;
-  void log_eval(const EvalResult& result);
+  void log_eval(const EvalResult& result, MetricsLog& metrics);  // metrics line and console
 
   config::JobConfig job_;
   models::Qwen2VLConfig model_config_;
@@ -61,5 +70,7 @@ class Trainer {
 
 // Prints an evaluation as the final report: overall and per question type.
 void print_eval(const EvalResult& result);
+// Writes one JSON line per prediction (question, answer, predicted, question_type), atomically.
+void write_predictions(const EvalResult& result, const std::string& path);
 
 }  // namespace loom::train
