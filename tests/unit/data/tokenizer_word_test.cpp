@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loom/data/tokenizer/tokenizer.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/util/errors.h"
 
@@ -165,4 +166,23 @@ TEST(WordTokenizer, BadFilesNameTheFile) {
   TempFile split("split.json", R"({"pre_tokenizer": {"type": "Whitespace"},
     "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})");
   EXPECT_NE(message_of([&] { WordTokenizer::load(split.path); }).find("WhitespaceSplit"), std::string::npos);
+}
+
+TEST(WordTokenizer, IsATokenizerAndLoadTokenizerGivesOne) {
+  const WordTokenizer tok = small();
+  const loom::data::Tokenizer& base = tok;
+  // ids: 8 what, 9 color, 10 is, 11 the, 12 circle, 13 ?, 14 red; <|im_start|> 1, <unk> 7.
+  EXPECT_EQ(base.encode("<|im_start|>what color is the circle ? blue"),
+            (std::vector<int64_t>{1, 8, 9, 10, 11, 12, 13, 7}));
+  EXPECT_EQ(base.decode({14, 12}), "red circle");
+  EXPECT_EQ(base.id("?"), 13);
+  EXPECT_EQ(base.vocab_size(), 15);
+
+  TempFile file("interface.json");
+  tok.save(file.path);
+  const std::unique_ptr<loom::data::Tokenizer> loaded = loom::data::load_tokenizer(file.path);
+  const auto* word = dynamic_cast<const WordTokenizer*>(loaded.get());
+  ASSERT_NE(word, nullptr);
+  EXPECT_EQ(word->encode("the red circle<|im_end|>"), (std::vector<int64_t>{11, 14, 12, 2}));
+  EXPECT_EQ(loaded->vocab_size(), 15);
 }

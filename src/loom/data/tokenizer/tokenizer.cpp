@@ -1,4 +1,4 @@
-// load_tokenizer: the file's kind picks the tokenizer; word-level files are adapted to the interface.
+// load_tokenizer: the file's kind picks the tokenizer.
 #include "loom/data/tokenizer/tokenizer.h"
 
 #include <fstream>
@@ -11,19 +11,6 @@
 
 namespace loom::data {
 namespace {
-
-// WordTokenizer has the same methods; this gives it the interface.
-class WordLevelTokenizer : public Tokenizer {
- public:
-  explicit WordLevelTokenizer(WordTokenizer wrapped) : wrapped_(std::move(wrapped)) {}
-  std::vector<int64_t> encode(const std::string& text) const override { return wrapped_.encode(text); }
-  std::string decode(const std::vector<int64_t>& ids) const override { return wrapped_.decode(ids); }
-  int64_t id(const std::string& token) const override { return wrapped_.id(token); }
-  int64_t vocab_size() const override { return wrapped_.vocab_size(); }
-
- private:
-  WordTokenizer wrapped_;
-};
 
 bool ends_with(const std::string& s, const std::string& suffix) {
   return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
@@ -51,7 +38,7 @@ std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
                                   ? root["model"].value("type", nlohmann::json())
                                   : nlohmann::json();
   if (type == "BPE") return std::make_unique<BpeTokenizer>(BpeTokenizer::from_json(root, path));
-  if (type == "WordLevel") return std::make_unique<WordLevelTokenizer>(WordTokenizer::load(path));
+  if (type == "WordLevel") return std::make_unique<WordTokenizer>(WordTokenizer::load(path));
   throw DataError(fmt::format("tokenizer file {}: model.type is {}; Loom reads \"BPE\" and \"WordLevel\"",
                               path, type.is_null() ? "missing" : type.dump()));
 }

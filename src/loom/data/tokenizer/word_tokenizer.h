@@ -6,9 +6,11 @@
 #include <unordered_map>
 #include <vector>
 
+#include "loom/data/tokenizer/tokenizer.h"
+
 namespace loom::data {
 
-class WordTokenizer {
+class WordTokenizer : public Tokenizer {
  public:
   // The special tokens every word tokenizer starts with, ids 0..7 in this order.
   static const std::vector<std::string>& special_tokens();
@@ -21,10 +23,10 @@ class WordTokenizer {
 
   // Special tokens are recognised as whole tokens even without surrounding spaces; every other
   // whitespace-separated word maps to its id, or to <unk> when it is not in the vocabulary.
-  std::vector<int64_t> encode(const std::string& text) const;
-  std::string decode(const std::vector<int64_t>& ids) const;  // words joined by single spaces
-  int64_t id(const std::string& token) const;                 // DataError if unknown
-  int64_t vocab_size() const { return static_cast<int64_t>(tokens_.size()); }
+  std::vector<int64_t> encode(const std::string& text) const override;
+  std::string decode(const std::vector<int64_t>& ids) const override;  // words joined by single spaces
+  int64_t id(const std::string& token) const override;                 // DataError if unknown
+  int64_t vocab_size() const override { return static_cast<int64_t>(tokens_.size()); }
 
  private:
   std::vector<std::string> tokens_;               // id -> token
