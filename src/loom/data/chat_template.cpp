@@ -1,0 +1,184 @@
+// Qwen2-VL ChatML template: special tokens as ids, text encoded between them, labels on replies.
+#include "loom/data/chat_template.h"
+
+#include <filesystem>
+
+#include "loom/data/image/decode.h"
+#include "loom/util/errors.h"
+
+namespace loom::data {
+namespace {
+
+// Appends to an example: text accumulates until the next special token or turn boundary and is
+// then encoded as one piece; a token is labelled when it is in a reply (and label_replies) or
+// train_on_prompt holds, except <|image_pad|>.
+class TokenWriter {
+ public:
+  TokenWriter(const Tokenizer& tokenizer, int64_t image_pad, bool label_replies, bool train_on_prompt,
+              ConversationExample& out)
+      : tokenizer_(tokenizer),
+        image_pad_(image_pad),
+        label_replies_(label_replies),
+        train_on_prompt_(train_on_prompt),
+        out_(out) {}
+
+  void text(const std::string& text) { pending_ += text; }
+  void special(int64_t id) {
+    flush();
+    push(id);
+  }
+  void set_response(bool response) {
+    flush();
+    response_ = response;
+  }
+  int64_t size() {
+    flush();
+    return static_cast<int64_t>(out_.input_ids.size());
+  }
+  void flush() {
+    if (pending_.empty()) return;
+    for (int64_t id : tokenizer_.encode(pending_)) push(id);
+    pending_.clear();
+  }
+
+ private:
+  void push(int64_t id) {
+    out_.input_ids.push_back(id);
+    const bool labelled = ((response_ && label_replies_) || train_on_prompt_) && id != image_pad_;
+    out_.labels.push_back(labelled ? id : kIgnoreIndex);
+  }
+
+  const Tokenizer& tokenizer_;
+  int64_t image_pad_;
+  bool label_replies_, train_on_prompt_, response_ = false;
+  ConversationExample& out_;
+  std::string pending_;
+};
+
+int64_t special_id(const Tokenizer& tokenizer, const std::string& token) {
+  try {
+    return tokenizer.id(token);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("the Qwen2-VL chat template needs the special token {} in the tokenizer: {}",
+                                token, e.what()));
+  }
+}
+
+}  // namespace
+
+TokenizedExample ConversationExample::to_tokenized_example() const {
+  if (images.size() > 1) {
+    throw DataError(fmt::format("{} sample {} has {} images; a TokenizedExample carries at most one", source,
+                                sample_index, images.size()));
+  }
+  TokenizedExample out;
+  out.input_ids = input_ids;
+  out.labels = labels;
+  if (!images.empty()) out.vision = images[0];
+  out.answer = answer;
+  out.prompt_length = prompt_length;
+  return out;
+}
+
+ChatTemplate::ChatTemplate(const Tokenizer& tokenizer, ChatTemplateOptions options)
+    : tokenizer_(&tokenizer),
+      options_(std::move(options)),
+      im_start_(special_id(tokenizer, "<|im_start|>")),
+      im_end_(special_id(tokenizer, "<|im_end|>")),
+      vision_start_(special_id(tokenizer, "<|vision_start|>")),
+      vision_end_(special_id(tokenizer, "<|vision_end|>")),
+      image_pad_(special_id(tokenizer, "<|image_pad|>")) {}
+
+ConversationExample ChatTemplate::apply(const Conversation& conversation,
+                                        std::vector<VisionInput> images) const {
+  if (const std::string problem = conversation_problem(conversation); !problem.empty()) {
+    throw DataError(fmt::format("{} sample {}: {}", conversation.source, conversation.index, problem));
+  }
+  if (images.size() != conversation.images.size()) {
+    throw DataError(fmt::format("{} sample {}: {} processed images given for {} image paths",
+                                conversation.source, conversation.index, images.size(),
+                                conversation.images.size()));
+  }
+  ConversationExample ex;
+  ex.source = conversation.source;
+  ex.sample_index = conversation.index;
+  const std::vector<Message>& messages = conversation.messages;
+  ex.answer = messages.back().content;
+  // A generation prompt labels nothing.
+  TokenWriter out(*tokenizer_, image_pad_, !options_.generation_prompt,
+                  options_.train_on_prompt && !options_.generation_prompt, ex);
+
+  size_t first = 0;
+  std::string system = options_.default_system;
+  if (messages[0].role == Role::system) {
+    system = messages[0].content;
+    first = 1;
+  }
+  out.special(im_start_);
+  out.text("system\n" + system);
+  out.special(im_end_);
+  out.text("\n");
+
+  const size_t end = options_.generation_prompt ? messages.size() - 1 : messages.size();
+  const std::string placeholder = kImagePlaceholder;
+  size_t image = 0;
+  for (size_t m = first; m < end; ++m) {
+    const std::string& content = messages[m].content;
+    if (messages[m].role == Role::user) {
+      out.special(im_start_);
+      out.text("user\n");
+      size_t from = 0;
+      for (size_t at = content.find(placeholder); at != std::string::npos;
+           at = content.find(placeholder, from)) {
+        out.text(content.substr(from, at - from));
+        const int64_t tokens = merged_token_count(images[image++].grid_thw, options_.image.merge_size);
+        out.special(vision_start_);
+        for (int64_t t = 0; t < tokens; ++t) out.special(image_pad_);
+        out.special(vision_end_);
+        from = at + placeholder.size();
+      }
+      out.text(content.substr(from));
+      out.special(im_end_);
+      out.text("\n");
+      out.special(im_start_);
+      out.text("assistant\n");
+      out.flush();
+    } else {
+      if (m + 1 == messages.size()) ex.prompt_length = out.size();
+      out.set_response(true);
+      out.text(content);
+      out.special(im_end_);
+      out.text("\n");
+      out.set_response(false);
+    }
+  }
+  if (options_.generation_prompt) ex.prompt_length = out.size();
+  ex.images = std::move(images);
+  return ex;
+}
+
+std::optional<ConversationExample> ChatTemplate::build(const Conversation& conversation,
+                                                       SkipLog& skips) const {
+  if (std::string problem = conversation_problem(conversation); !problem.empty()) {
+    skips.record({SkipKind::bad_sample, conversation.source, conversation.index, std::move(problem)});
+    return std::nullopt;
+  }
+  std::vector<VisionInput> images;
+  for (const std::string& path : conversation.images) {
+    std::error_code error;
+    if (!std::filesystem::exists(path, error)) {
+      skips.record({SkipKind::missing_image, conversation.source, conversation.index,
+                    fmt::format("image file {} does not exist", path)});
+      return std::nullopt;
+    }
+    try {
+      images.push_back(qwen2vl_process_image(decode_image_file(path), options_.image));
+    } catch (const DataError& e) {
+      skips.record({SkipKind::corrupt_image, conversation.source, conversation.index, e.what()});
+      return std::nullopt;
+    }
+  }
+  return apply(conversation, std::move(images));
+}
+
+}  // namespace loom::data

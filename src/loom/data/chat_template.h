@@ -1,0 +1,77 @@
+// Qwen2-VL's ChatML chat template applied to a Conversation: token ids with each <image> expanded to
+// the image's merged tokens, and labels on the assistant replies, for any Tokenizer.
+#pragma once
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "loom/data/conversation.h"
+#include "loom/data/example.h"
+#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/tokenizer/tokenizer.h"
+
+namespace loom::data {
+
+struct ChatTemplateOptions {
+  // Used when the conversation has no system message, as Qwen2-VL's template does.
+  std::string default_system = "You are a helpful assistant.";
+  // Label every token but the <|image_pad|> placeholders (whose positions hold image features),
+  // instead of the assistant replies only.
+  bool train_on_prompt = false;
+  // Leave out the final assistant message (kept as `answer`) and end with "<|im_start|>assistant\n",
+  // as add_generation_prompt does; no token is labelled.
+  bool generation_prompt = false;
+  Qwen2VLImageOptions image;
+};
+
+struct ConversationExample {
+  std::vector<int64_t> input_ids, labels;  // labels aligned with input_ids, kIgnoreIndex = no loss
+  std::vector<VisionInput> images;         // one per <image>, in order of appearance
+  std::string answer;                      // the final assistant message
+  int64_t prompt_length = 0;               // tokens before the final assistant message's content
+  std::string source;                      // dataset file and sample, for messages
+  int64_t sample_index = -1;
+
+  // Token length of the templated sample (what packing and length limits look at).
+  int64_t length() const { return static_cast<int64_t>(input_ids.size()); }
+  // TokenizedExample carries at most one image: DataError naming the sample when it has more.
+  TokenizedExample to_tokenized_example() const;
+};
+
+// The text, following Qwen2-VL's chat_template.json (Qwen/Qwen2-VL-7B-Instruct):
+//   {% for message in messages %}{% if loop.first and message['role'] != 'system' %}
+//   <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}
+//   <|im_start|>{{ message['role'] }}\n ... {{ content }}<|im_end|>\n{% endfor %}
+//   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}
+// where an image is <|vision_start|><|image_pad|><|vision_end|> and the processor repeats
+// <|image_pad|> merged_token_count(grid) times. Special tokens are emitted as ids; the text between
+// them is encoded piece by piece, so no merge crosses a special token. As in LLaMA-Factory's and
+// MindSpeed MM's qwen2_vl template, a user turn is encoded together with the following
+// "<|im_start|>assistant\n" as the prompt, and each reply "{content}<|im_end|>\n" separately as the
+// response: the reply's content, its <|im_end|> and the "\n" after it are labelled, every assistant
+// turn of a multi-turn conversation included.
+class ChatTemplate {
+ public:
+  // Keeps a reference to the tokenizer, which must outlive the template. DataError when the
+  // tokenizer lacks <|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|> or <|image_pad|>.
+  explicit ChatTemplate(const Tokenizer& tokenizer, ChatTemplateOptions options = {});
+
+  // The conversation with its images already processed (one VisionInput per image, in order).
+  // DataError naming the sample when conversation_problem() finds one or the image count differs.
+  ConversationExample apply(const Conversation& conversation, std::vector<VisionInput> images) const;
+
+  // Decodes and processes the conversation's images, then applies the template. A missing image
+  // file, an image that fails to decode or process, or a conversation_problem() is recorded in
+  // skips and gives nullopt. Safe to call from several threads at once if the tokenizer is.
+  std::optional<ConversationExample> build(const Conversation& conversation, SkipLog& skips) const;
+
+  const ChatTemplateOptions& options() const { return options_; }
+
+ private:
+  const Tokenizer* tokenizer_;
+  ChatTemplateOptions options_;
+  int64_t im_start_, im_end_, vision_start_, vision_end_, image_pad_;
+};
+
+}  // namespace loom::data
