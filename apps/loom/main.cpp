@@ -1,4 +1,4 @@
-// The loom command line: train, eval, forward, shapes.
+// The loom command line: train, eval, forward, shapes, data tokenize.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <unistd.h>
@@ -8,11 +8,13 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 
 #include "loom/config/config.h"
 #include "loom/data/image/decode.h"
 #include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/tokenizer/tokenizer.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/train/trainer.h"
@@ -139,6 +141,89 @@ int run_shapes(const std::string& what, bool list) {
   return 0;
 }
 
+// Qwen2-VL's chat template for text messages: a default system turn when the first message is not a
+// system message, then <|im_start|>{role}\n{content}<|im_end|>\n per message and, when asked, the
+// opening of the assistant's turn. `messages` is a list or {"messages": [...]}; content is a string
+// or a list of {"type": "text", "text": ...} parts. Images are refused: their <|image_pad|> count
+// depends on the image's size.
+std::string render_chat(const nlohmann::json& input, bool add_generation_prompt) {
+  constexpr const char* kSource = "standard input";
+  const nlohmann::json& messages =
+      input.is_object() && input.contains("messages") ? input["messages"] : input;
+  if (!messages.is_array() || messages.empty()) {
+    throw DataError(
+        fmt::format("{}: expected a non-empty list of messages [{{\"role\": ..., \"content\": ...}}, ...] or "
+                    "{{\"messages\": [...]}}",
+                    kSource));
+  }
+  const auto refuse_image = [&](size_t i, const char* what) {
+    return DataError(fmt::format(
+        "{}: message {} has {}, which needs the image to count its tokens; use the training data path",
+        kSource, i, what));
+  };
+  std::string text;
+  for (size_t i = 0; i < messages.size(); ++i) {
+    const nlohmann::json& message = messages[i];
+    if (!message.is_object() || !message.contains("role") || !message["role"].is_string() ||
+        !message.contains("content")) {
+      throw DataError(fmt::format("{}: message {} needs a \"role\" string and a \"content\"", kSource, i));
+    }
+    const std::string role = message["role"].get<std::string>();
+    std::string content;
+    const nlohmann::json& parts = message["content"];
+    if (parts.is_string()) {
+      content = parts.get<std::string>();
+    } else if (parts.is_array()) {
+      for (const nlohmann::json& part : parts) {
+        if (!part.is_object()) {
+          throw DataError(fmt::format("{}: message {} has a content part that is not an object", kSource, i));
+        }
+        const nlohmann::json type = part.value("type", nlohmann::json());
+        if (type == "image" || type == "video" || part.contains("image") || part.contains("image_url") ||
+            part.contains("video")) {
+          throw refuse_image(i, "an image or video part");
+        }
+        if (!part.contains("text") || !part["text"].is_string()) {
+          throw DataError(
+              fmt::format("{}: message {} has a content part without a \"text\" string", kSource, i));
+        }
+        content += part["text"].get<std::string>();
+      }
+    } else {
+      throw DataError(
+          fmt::format("{}: message {} content must be a string or a list of text parts", kSource, i));
+    }
+    if (content.find("<image>") != std::string::npos) throw refuse_image(i, "an <image> placeholder");
+    if (i == 0 && role != "system") text += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
+    text += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+  }
+  if (add_generation_prompt) text += "<|im_start|>assistant\n";
+  return text;
+}
+
+// Text (or a chat) on standard input to ids, printed as one JSON array.
+int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generation_prompt) {
+  const auto tokenizer = data::load_tokenizer(tokenizer_path);
+  std::string text{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+  if (chat) {
+    nlohmann::json messages;
+    try {
+      messages = nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("standard input: the messages are not valid JSON ({})", e.what()));
+    }
+    text = render_chat(messages, add_generation_prompt);
+  }
+  std::vector<int64_t> ids;
+  try {
+    ids = tokenizer->encode(text);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("standard input: {}", e.what()));
+  }
+  fmt::print("{}\n", nlohmann::json(ids).dump());
+  return 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -149,8 +234,9 @@ int main(int argc, char** argv) {
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
 
   std::string config_path, checkpoint_dir, predictions_path, model_dir, input_path, out_dir, shapes_model;
+  std::string tokenizer_path;
   std::vector<std::string> overrides;
-  bool list_names = false;
+  bool list_names = false, chat = false, add_generation_prompt = false;
 
   auto* train = app.add_subcommand("train", "Train a model from a job config (YAML)");
   train->add_option("config", config_path, "Job config file")->required();
@@ -176,6 +262,21 @@ int main(int argc, char** argv) {
   shapes->add_option("model", shapes_model, "Published model name (e.g. qwen2-vl-7b) or model directory")
       ->required();
   shapes->add_flag("--names", list_names, "Print every parameter name and shape");
+
+  auto* data_command = app.add_subcommand("data", "Data tools: tokenize");
+  data_command->require_subcommand(1);
+  auto* tokenize = data_command->add_subcommand(
+      "tokenize", "Print the token ids of UTF-8 text on standard input as one JSON array");
+  tokenize
+      ->add_option("--tokenizer", tokenizer_path, "tokenizer.json (BPE or WordLevel) or SentencePiece .model")
+      ->required();
+  tokenize->add_flag("--chat", chat,
+                     "Read messages JSON ([{\"role\": ..., \"content\": ...}] or {\"messages\": [...]}) and "
+                     "apply Qwen2-VL's ChatML template");
+  tokenize
+      ->add_flag("--add-generation-prompt", add_generation_prompt,
+                 "With --chat, end with the opening of the assistant's turn")
+      ->needs("--chat");
 
   try {
     app.parse(argc, argv);
@@ -205,6 +306,7 @@ int main(int argc, char** argv) {
     }
     if (*forward) return run_forward(model_dir, input_path, out_dir);
     if (*shapes) return run_shapes(shapes_model, list_names);
+    if (*tokenize) return run_tokenize(tokenizer_path, chat, add_generation_prompt);
   } catch (const std::exception& e) {
     std::string message = e.what();
     // libtorch errors carry a backtrace after the first line; the reason is the first line.
