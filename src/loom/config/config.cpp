@@ -147,12 +147,15 @@ ModelSection read_model(const YamlValue* section, const std::string& source) {
 }
 
 DataSection read_data(const YamlValue* section, const std::string& source) {
-  const SectionReader r(section, "data",
-                        {"dataset", "image_size", "eval_samples", "max_seq_len", "num_workers", "prefetch"},
-                        source);
+  const SectionReader r(
+      section, "data",
+      {"dataset", "dir", "image_size", "eval_samples", "max_seq_len", "num_workers", "prefetch"}, source);
   DataSection d;
   r.read("dataset", d.dataset);
-  r.one_of("dataset", d.dataset, {"shapes_vqa"});
+  r.one_of("dataset", d.dataset, {"shapes_vqa", "fashion_mnist"});
+  r.read("dir", d.dir);
+  if (!d.dir.empty() && d.dataset == "shapes_vqa")
+    r.fail("dir", "is not used by dataset shapes_vqa (it is generated, not read); remove it");
   r.read("image_size", d.image_size);
   if (d.image_size <= 0 || d.image_size % 28 != 0)
     r.fail("image_size", fmt::format("must be a positive multiple of 28, got {}", d.image_size));
@@ -310,8 +313,9 @@ bool operator==(const ModelSection& a, const ModelSection& b) {
          a.init_from == b.init_from && a.freeze == b.freeze;
 }
 bool operator==(const DataSection& a, const DataSection& b) {
-  return a.dataset == b.dataset && a.image_size == b.image_size && a.eval_samples == b.eval_samples &&
-         a.max_seq_len == b.max_seq_len && a.num_workers == b.num_workers && a.prefetch == b.prefetch;
+  return a.dataset == b.dataset && a.dir == b.dir && a.image_size == b.image_size &&
+         a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len &&
+         a.num_workers == b.num_workers && a.prefetch == b.prefetch;
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&

@@ -18,7 +18,8 @@ struct ModelSection {
 };
 
 struct DataSection {
-  std::string dataset = "shapes_vqa";  // only shapes_vqa for now
+  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist
+  std::string dir;                     // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;             // positive multiple of 28
   int64_t eval_samples = 1000;         // > 0
   int64_t max_seq_len = 1024;          // > 0

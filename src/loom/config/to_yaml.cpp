@@ -81,6 +81,7 @@ std::string to_yaml(const JobConfig& c) {
 
   out += "data:\n";
   line("dataset", yaml_string(c.data.dataset));
+  line("dir", yaml_string(c.data.dir));
   line("image_size", integer(c.data.image_size));
   line("eval_samples", integer(c.data.eval_samples));
   line("max_seq_len", integer(c.data.max_seq_len));

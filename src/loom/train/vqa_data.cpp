@@ -1,44 +1,77 @@
 #include "loom/train/vqa_data.h"
 
+#include "loom/data/conversation.h"
+#include "loom/data/fashion_vqa.h"
 #include "loom/util/errors.h"
 
 namespace loom::train {
 
 namespace {
 
-data::WordTokenizer shapes_tokenizer() {
+data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
   auto words = data::chat_template_words();
-  for (const auto& w : data::ShapesVqa::vocabulary()) words.push_back(w);
+  words.insert(words.end(), vocabulary.begin(), vocabulary.end());
   return data::WordTokenizer::from_words(words);
 }
 
 }  // namespace
 
 VqaData::VqaData(const config::DataSection& data, uint64_t seed)
-    : dataset_(seed, data.image_size), tokenizer_(shapes_tokenizer()), eval_samples_(data.eval_samples) {
-  if (data.dataset != "shapes_vqa")
-    throw ConfigError(fmt::format("data.dataset: '{}' is not available (valid: shapes_vqa)", data.dataset));
-  // The built-in images are small: keep them at their size (no upscaling to the default minimum).
+    : seed_(seed), eval_samples_(data.eval_samples), max_seq_len_(data.max_seq_len) {
+  int64_t eval_size = 0;  // 0: unbounded
+  if (data.dataset == "shapes_vqa") {
+    const data::ShapesVqa shapes(seed, data.image_size);
+    sample_ = [shapes](data::Split split, int64_t i) { return shapes.sample(split, i); };
+    question_types_ = data::ShapesVqa::question_types();
+    tokenizer_ = tokenizer_for(data::ShapesVqa::vocabulary());
+  } else if (data.dataset == "fashion_mnist") {
+    const data::FashionVqa fashion(data.dir.empty() ? data::FashionMnist::kDefaultDir : data.dir, seed);
+    sample_ = [fashion](data::Split split, int64_t i) { return fashion.sample(split, i); };
+    train_size_ = fashion.size(data::Split::train);
+    eval_size = fashion.size(data::Split::eval);
+    question_types_ = {"class"};
+    tokenizer_ = tokenizer_for(data::FashionVqa::vocabulary());
+  } else {
+    throw ConfigError(
+        fmt::format("data.dataset: '{}' is not available (valid: shapes_vqa, fashion_mnist)", data.dataset));
+  }
+  if (eval_size > 0 && eval_samples_ > eval_size)
+    throw ConfigError(fmt::format("data.eval_samples: {} is more than the {} held-out samples of {}",
+                                  eval_samples_, eval_size, data.dataset));
+  // Every image is processed at image_size x image_size: smaller ones are scaled up to it.
   image_options_.min_pixels = data.image_size * data.image_size;
   image_options_.max_pixels = data.image_size * data.image_size;
 }
 
-const std::vector<std::string>& VqaData::question_types() const { return data::ShapesVqa::question_types(); }
+data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
+  int64_t at = index;
+  if (split == data::Split::train && train_size_ > 0) {
+    const uint64_t epoch = static_cast<uint64_t>(index / train_size_);
+    at =
+        static_cast<int64_t>(data::permute_index(static_cast<uint64_t>(index % train_size_),
+                                                 static_cast<uint64_t>(train_size_), seed_ * 0x9e37 + epoch));
+  }
+  auto ex = data::build_vqa_example(tokenizer_, sample_(split, at), image_options_, with_answer);
+  if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len_) {
+    throw DataError(fmt::format("{} sample {} has {} tokens, more than data.max_seq_len {}",
+                                split == data::Split::train ? "training" : "held-out", at,
+                                ex.input_ids.size(), max_seq_len_));
+  }
+  return ex;
+}
 
 data::Batch VqaData::train_batch(int64_t index, int64_t size) const {
   std::vector<data::TokenizedExample> examples;
   examples.reserve(size);
   for (int64_t i = index * size; i < (index + 1) * size; ++i)
-    examples.push_back(data::build_vqa_example(tokenizer_, dataset_.sample(data::Split::train, i),
-                                               image_options_, /*with_answer=*/true));
+    examples.push_back(example(data::Split::train, i, /*with_answer=*/true));
   return data::collate(examples, tokenizer_.id("<|endoftext|>"));
 }
 
 data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
   for (int64_t i = begin; i < end; ++i)
-    examples.push_back(data::build_vqa_example(tokenizer_, dataset_.sample(data::Split::eval, i),
-                                               image_options_, /*with_answer=*/false));
+    examples.push_back(example(data::Split::eval, i, /*with_answer=*/false));
   return data::collate(examples, tokenizer_.id("<|endoftext|>"));
 }
 

@@ -261,7 +261,9 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_error("model: {family: llama, hf_config: a.json}\ntraining: {steps: 1}\n"),
             "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl");
   EXPECT_EQ(parse_error(kMinimal + "data: {dataset: mnist}\n"),
-            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa");
+            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist");
+  EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
+            "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
             "job.yaml: features.recompute: 'full' is not one of none");
   EXPECT_EQ(parse_error(kMinimal + "tools: {log_level: verbose}\n"),
@@ -336,9 +338,10 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
-            "job.yaml: data: expected a mapping of keys (dataset, image_size, eval_samples, max_seq_len, "
-            "num_workers, prefetch), got '5'");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: 5\n"),
+      "job.yaml: data: expected a mapping of keys (dataset, dir, image_size, eval_samples, max_seq_len, "
+      "num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
@@ -426,6 +429,21 @@ TEST(Overrides, ErrorsNameTheSet) {
   // Values the file got wrong still name the file.
   EXPECT_EQ(parse_error(with_training("  lr: fast\n"), {"training.steps=3"}),
             "job.yaml: training.lr: expected a number, got 'fast'");
+}
+
+}  // namespace
+}  // namespace loom::config
+
+namespace loom::config {
+namespace {
+
+TEST(ParseConfig, FashionMnistReadsItsDirectory) {
+  const JobConfig c = parse_config(
+      kMinimal + "data: {dataset: fashion_mnist, dir: /data/fm, image_size: 28}\n", "job.yaml", {});
+  EXPECT_EQ(c.data.dataset, "fashion_mnist");
+  EXPECT_EQ(c.data.dir, "/data/fm");
+  EXPECT_EQ(c.data.image_size, 28);
+  EXPECT_EQ(parse_config(kMinimal, "job.yaml", {}).data.dir, "");
 }
 
 }  // namespace
