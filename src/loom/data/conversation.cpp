@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "loom/util/errors.h"
+#include "loom/util/random.h"
 
 namespace loom::data {
 namespace {
@@ -109,13 +110,6 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const std:
     }
   }
   return conversation_problem(out);
-}
-
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
 }
 
 uint64_t derive_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
@@ -273,26 +267,6 @@ std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& s
     begin = end + 1;
   }
   return out;
-}
-
-uint64_t permute_index(uint64_t i, uint64_t n, uint64_t key) {
-  if (i >= n) throw DataError(fmt::format("permute_index: index {} is outside [0, {})", i, n));
-  if (n == 1) return 0;
-  int bits = 0;
-  while (bits < 64 && (uint64_t{1} << bits) < n) ++bits;
-  const int half = (bits + 1) / 2;  // the domain is 2^(2*half) >= n, at most 4n
-  const uint64_t mask = (uint64_t{1} << half) - 1;
-  uint64_t x = i;
-  do {
-    uint64_t left = x >> half, right = x & mask;
-    for (uint64_t round = 0; round < 4; ++round) {
-      const uint64_t next = left ^ (splitmix64(right ^ splitmix64(key + round)) & mask);
-      left = right;
-      right = next;
-    }
-    x = (left << half) | right;
-  } while (x >= n);
-  return x;
 }
 
 ConversationMix::ConversationMix(const std::vector<DatasetSpec>& specs, uint64_t seed, SkipLog& skips)

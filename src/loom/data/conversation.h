@@ -99,10 +99,6 @@ class SkipLog {
 // with videos (video samples are not supported in this version).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
-// Pseudo-random permutation of [0, n) keyed by key: a 4-round Feistel network on the smallest
-// even-bit domain holding n, walked until it lands inside [0, n). O(1) memory, pure function.
-uint64_t permute_index(uint64_t i, uint64_t n, uint64_t key);
-
 struct MixPosition {
   size_t dataset = 0;  // which dataset
   int64_t sample = 0;  // index into that dataset's usable samples

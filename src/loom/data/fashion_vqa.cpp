@@ -7,6 +7,7 @@
 
 #include "loom/data/idx.h"
 #include "loom/util/errors.h"
+#include "loom/util/random.h"
 
 namespace loom::data {
 namespace {
@@ -16,14 +17,6 @@ const std::vector<std::string> kQuestions = {
     "what kind of clothing item is this ?", "which item is pictured ?",
     "name the object in the picture .",
 };
-
-// splitmix64's output function: a bijective 64-bit mixer, so nearby (seed, split, index) triples
-// give unrelated phrasings.
-uint64_t mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // <dir>/<name>.gz, or <dir>/<name> when only the unzipped file is there.
 std::string find_file(const std::string& dir, const std::string& name) {
@@ -99,8 +92,8 @@ VqaSample FashionVqa::sample(Split split, int64_t index) const {
   for (int i = 0; i < FashionMnist::kSide * FashionMnist::kSide; ++i) {
     image.rgb[3 * i] = image.rgb[3 * i + 1] = image.rgb[3 * i + 2] = grey[i];
   }
-  const uint64_t pick =
-      mix64(mix64(mix64(seed_ + 0x9e3779b97f4a7c15ULL) ^ (split == Split::train ? 0 : 1)) + index);
+  // Nearby (seed, split, index) triples give unrelated phrasings.
+  const uint64_t pick = counter_start(seed_, split == Split::train ? 0 : 1, static_cast<uint64_t>(index));
   return VqaSample{std::move(image), kQuestions[pick % kQuestions.size()], class_names()[data.label(index)],
                    "class"};
 }

@@ -1,8 +1,8 @@
 #include "loom/train/vqa_data.h"
 
-#include "loom/data/conversation.h"
 #include "loom/data/fashion_vqa.h"
 #include "loom/util/errors.h"
+#include "loom/util/random.h"
 
 namespace loom::train {
 
@@ -47,9 +47,8 @@ data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool w
   int64_t at = index;
   if (split == data::Split::train && train_size_ > 0) {
     const uint64_t epoch = static_cast<uint64_t>(index / train_size_);
-    at =
-        static_cast<int64_t>(data::permute_index(static_cast<uint64_t>(index % train_size_),
-                                                 static_cast<uint64_t>(train_size_), seed_ * 0x9e37 + epoch));
+    at = static_cast<int64_t>(permute_index(static_cast<uint64_t>(index % train_size_),
+                                            static_cast<uint64_t>(train_size_), seed_ * 0x9e37 + epoch));
   }
   auto ex = data::build_vqa_example(tokenizer_, sample_(split, at), image_options_, with_answer);
   if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len_) {

@@ -221,23 +221,6 @@ TEST(ConversationProblem, RoleOrderPlaceholdersAndEnding) {
   EXPECT_EQ(count_image_placeholders("<image><image> x <image"), 2);
 }
 
-TEST(PermuteIndex, IsAPermutationThatDependsOnTheKey) {
-  for (uint64_t n : {1, 2, 3, 5, 16, 17, 100, 1000, 4097}) {
-    std::vector<int> hits(n, 0);
-    for (uint64_t i = 0; i < n; ++i) ++hits[permute_index(i, n, 42)];
-    for (uint64_t j = 0; j < n; ++j) ASSERT_EQ(hits[j], 1) << "n=" << n << " j=" << j;
-  }
-  int same_as_identity = 0, same_across_keys = 0;
-  for (uint64_t i = 0; i < 1000; ++i) {
-    same_as_identity += permute_index(i, 1000, 7) == i;
-    same_across_keys += permute_index(i, 1000, 7) == permute_index(i, 1000, 8);
-  }
-  // A random permutation has one fixed point on average, and two independent ones agree on one.
-  EXPECT_LT(same_as_identity, 10);
-  EXPECT_LT(same_across_keys, 10);
-  EXPECT_THROW(permute_index(5, 5, 0), DataError);
-}
-
 TEST(ConversationMix, QuotasByLargestRemainder) {
   // N = 15; exact shares 15 * (1, 2, 3) / 6 = (2.5, 5, 7.5); the one left over goes to the first of
   // the tied fractions.

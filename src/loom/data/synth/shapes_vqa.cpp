@@ -1,4 +1,4 @@
-// Shapes VQA generation: counter-based randomness, scene sampling, drawing and questions.
+// Shapes VQA generation: scene sampling, drawing and questions, drawn from a counter-based stream.
 #include "loom/data/synth/shapes_vqa.h"
 
 #include <algorithm>
@@ -7,33 +7,10 @@
 #include <sstream>
 
 #include "loom/util/errors.h"
+#include "loom/util/random.h"
 
 namespace loom::data {
 namespace {
-
-// splitmix64's output function: a bijective 64-bit mixer.
-uint64_t mix64(uint64_t x) {
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-// A splitmix64 stream whose start is a hash of (seed, split, index): sample i draws the same
-// numbers on every run, machine and thread, and owns no shared state.
-class CounterRng {
- public:
-  CounterRng(uint64_t seed, uint64_t split, uint64_t index)
-      : state_(mix64(mix64(mix64(seed + 0x9e3779b97f4a7c15ULL) ^ split) + index)) {}
-  uint64_t next() {
-    state_ += 0x9e3779b97f4a7c15ULL;
-    return mix64(state_);
-  }
-  int below(int n) { return static_cast<int>(next() % static_cast<uint64_t>(n)); }  // [0, n)
-  int between(int lo, int hi) { return lo + below(hi - lo + 1); }                   // [lo, hi]
-
- private:
-  uint64_t state_;
-};
 
 const std::vector<std::string> kShapes = {"circle", "square", "triangle"};
 const std::vector<std::string> kColors = {"red", "green", "blue", "yellow", "white"};
