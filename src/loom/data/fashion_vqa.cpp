@@ -2,8 +2,6 @@
 #include "loom/data/fashion_vqa.h"
 
 #include <filesystem>
-#include <set>
-#include <sstream>
 
 #include "loom/data/idx.h"
 #include "loom/util/errors.h"
@@ -106,15 +104,6 @@ const std::vector<std::string>& FashionVqa::class_names() {
 
 const std::vector<std::string>& FashionVqa::questions() { return kQuestions; }
 
-std::vector<std::string> FashionVqa::vocabulary() {
-  std::set<std::string> words;
-  for (const auto* list : {&kQuestions, &class_names()}) {
-    for (const std::string& text : *list) {
-      std::istringstream in(text);
-      for (std::string w; in >> w;) words.insert(w);
-    }
-  }
-  return {words.begin(), words.end()};
-}
+std::vector<std::string> FashionVqa::vocabulary() { return vocabulary_of({&kQuestions, &class_names()}); }
 
 }  // namespace loom::data

@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/data/synth/shapes_vqa.h"
+#include "loom/data/vqa.h"
 
 namespace loom::data {
 

@@ -3,8 +3,6 @@
 
 #include <algorithm>
 #include <array>
-#include <set>
-#include <sstream>
 
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
@@ -207,13 +205,6 @@ Image draw_scene(const Scene& scene, int size, CounterRng& rng) {
   return image;
 }
 
-std::vector<std::string> words_of(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> words;
-  for (std::string w; in >> w;) words.push_back(w);
-  return words;
-}
-
 }  // namespace
 
 ShapesVqa::ShapesVqa(uint64_t seed, int64_t image_size) : seed_(seed), image_size_(image_size) {
@@ -229,15 +220,9 @@ const std::vector<std::string>& ShapesVqa::question_types() {
 }
 
 std::vector<std::string> ShapesVqa::vocabulary() {
-  std::set<std::string> words;
-  for (const auto* list :
-       {&kColorQuestions, &kShapeQuestions, &kCountAllQuestions, &kCountColorQuestions,
-        &kPositionColorQuestions, &kPositionShapeQuestions, &kShapes, &kColors, &kPositions, &kCountWords}) {
-    for (const std::string& text : *list)
-      for (const std::string& w : words_of(text))
-        if (w != "{shape}" && w != "{color}") words.insert(w);
-  }
-  return {words.begin(), words.end()};
+  return vocabulary_of({&kColorQuestions, &kShapeQuestions, &kCountAllQuestions, &kCountColorQuestions,
+                        &kPositionColorQuestions, &kPositionShapeQuestions, &kShapes, &kColors, &kPositions,
+                        &kCountWords});
 }
 
 VqaSample ShapesVqa::sample(Split split, int64_t index) const {

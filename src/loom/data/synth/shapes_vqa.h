@@ -5,16 +5,9 @@
 #include <string>
 #include <vector>
 
-#include "loom/data/image/image.h"
+#include "loom/data/vqa.h"
 
 namespace loom::data {
-
-enum class Split { train, eval };
-
-struct VqaSample {
-  Image image;
-  std::string question, answer, question_type;
-};
 
 // The image is a 2x2 grid of quadrants (each image_size/2 square, one merged vision token at
 // 56px); each quadrant is empty or holds one shape. Train and eval never share a scene: the
