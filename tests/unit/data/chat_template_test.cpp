@@ -5,14 +5,16 @@
 
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <thread>
 
+#include "data_test_util.h"
 #include "loom/data/tokenizer/bpe_tokenizer.h"
 #include "loom/util/errors.h"
 
 using namespace loom::data;
 using loom::DataError;
+using loom::test::counts_of;
+using loom::test::message_of;
 using Ids = std::vector<int64_t>;
 
 namespace {
@@ -226,10 +228,7 @@ TEST(ChatTemplate, MissingCorruptAndBadSamplesAreSkippedWithReasons) {
   hand_made.messages.pop_back();  // ends with a user message
   EXPECT_FALSE(chat_template.build(hand_made, skips).has_value());
 
-  const SkipCounts counts = skips.counts();
-  EXPECT_EQ(counts.missing_image, 1);
-  EXPECT_EQ(counts.corrupt_image, 1);
-  EXPECT_EQ(counts.bad_sample, 1);
+  EXPECT_EQ(counts_of(skips), "missing 1, corrupt 1, bad 1");
   const std::vector<SkipRecord> records = skips.records();
   ASSERT_EQ(records.size(), 3u);
   EXPECT_EQ(records[0].kind, SkipKind::missing_image);
@@ -245,13 +244,8 @@ TEST(ChatTemplate, MissingCorruptAndBadSamplesAreSkippedWithReasons) {
 TEST(ChatTemplate, ApplyRejectsMismatchedImagesAndBadConversations) {
   const ChatTemplate chat_template(tokenizer());
   const std::vector<Conversation> samples = chat();
-  try {
-    chat_template.apply(samples[0], {});
-    FAIL() << "no DataError";
-  } catch (const DataError& e) {
-    EXPECT_EQ(std::string(e.what()),
-              kDir + "/chat.json sample 0: 0 processed images given for 1 image paths");
-  }
+  EXPECT_EQ(message_of([&] { chat_template.apply(samples[0], {}); }),
+            kDir + "/chat.json sample 0: 0 processed images given for 1 image paths");
   Conversation bad = samples[2];
   bad.messages[1].role = Role::user;
   EXPECT_THROW(chat_template.apply(bad, {}), DataError);
@@ -260,13 +254,8 @@ TEST(ChatTemplate, ApplyRejectsMismatchedImagesAndBadConversations) {
 TEST(ChatTemplate, TokenizerWithoutChatTokensIsAnError) {
   const BpeTokenizer plain =
       BpeTokenizer::load(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/tiny_bpe_tokenizer.json");
-  try {
-    ChatTemplate t(plain);
-    FAIL() << "no DataError";
-  } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find("needs the special token <|im_start|>"), std::string::npos)
-        << e.what();
-  }
+  const std::string message = message_of([&] { ChatTemplate t(plain); });
+  EXPECT_NE(message.find("needs the special token <|im_start|>"), std::string::npos) << message;
 }
 
 TEST(ChatTemplate, ThreadsBuildTheSameExamples) {

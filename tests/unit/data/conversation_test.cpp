@@ -5,16 +5,19 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <functional>
 #include <map>
 #include <set>
 #include <thread>
 
+#include "data_test_util.h"
 #include "loom/util/errors.h"
 
 using namespace loom::data;
 using loom::ConfigError;
 using loom::DataError;
+using loom::test::counts_of;
+using loom::test::message_of;
+using loom::test::says_all;
 
 namespace {
 
@@ -25,16 +28,6 @@ DatasetSpec spec(const std::string& name, double weight = 1.0) {
   s.path = kDir + "/" + name;
   s.weight = weight;
   return s;
-}
-
-template <class E>
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  return "no exception of the expected type";
 }
 
 // Dataset d of `sizes` as conversations whose index is the sample's position and source "d<d>".
@@ -138,10 +131,7 @@ TEST(ReadConversations, BadSamplesAreSkippedCountedAndExplained) {
   for (const Conversation& c : samples) kept.push_back(c.index);
   // Missing and corrupt images (6, 7) are only found when the images are read.
   EXPECT_EQ(kept, (std::vector<int64_t>{0, 6, 7, 9}));
-  const SkipCounts counts = skips.counts();
-  EXPECT_EQ(counts.bad_sample, 8);
-  EXPECT_EQ(counts.missing_image, 0);
-  EXPECT_EQ(counts.corrupt_image, 0);
+  EXPECT_EQ(counts_of(skips), "missing 0, corrupt 0, bad 8");
 
   const std::vector<SkipRecord> records = skips.records();
   ASSERT_EQ(records.size(), 8u);
@@ -180,8 +170,7 @@ TEST(ReadConversations, SkipLogKeepsABoundedListButCountsEverything) {
 TEST(ReadConversations, VideosAreAnExplicitError) {
   SkipLog skips;
   const std::string message = message_of<DataError>([&] { read_conversations(spec("videos.json"), skips); });
-  EXPECT_NE(message.find(kDir + "/videos.json sample 1"), std::string::npos) << message;
-  EXPECT_NE(message.find("video samples are not supported"), std::string::npos) << message;
+  EXPECT_TRUE(says_all(message, {kDir + "/videos.json sample 1", "video samples are not supported"}));
 }
 
 TEST(ReadConversations, MalformedJsonNamesFileAndPosition) {
@@ -190,8 +179,8 @@ TEST(ReadConversations, MalformedJsonNamesFileAndPosition) {
   EXPECT_NE(message.find(kDir + "/malformed.json: malformed JSON at line 4, column 2"), std::string::npos)
       << message;
   message = message_of<DataError>([&] { read_conversations(spec("malformed.jsonl"), skips); });
-  EXPECT_NE(message.find(kDir + "/malformed.jsonl: malformed JSON at line 3"), std::string::npos) << message;
-  EXPECT_NE(message.find("(sample 1, read as JSON lines"), std::string::npos) << message;
+  EXPECT_TRUE(says_all(
+      message, {kDir + "/malformed.jsonl: malformed JSON at line 3", "(sample 1, read as JSON lines"}));
   message = message_of<DataError>([&] { read_conversations(spec("no_such_file.json"), skips); });
   EXPECT_EQ(message, "cannot open conversation dataset " + kDir + "/no_such_file.json");
 }

@@ -7,9 +7,12 @@
 #include <string>
 #include <vector>
 
+#include "data_test_util.h"
 #include "loom/util/errors.h"
 
 using namespace loom::data;
+using loom::test::message_of;
+using loom::test::says_all;
 
 namespace {
 
@@ -18,18 +21,9 @@ std::string fixture(const std::string& name) {
 }
 
 // Reads `name`, expecting a DataError whose message names the file and contains every one of `parts`.
-void expect_read_error(const std::string& name, const std::vector<std::string>& parts) {
-  try {
-    read_idx(fixture(name));
-    ADD_FAILURE() << "expected a DataError reading " << name;
-  } catch (const loom::DataError& e) {
-    const std::string message = e.what();
-    EXPECT_NE(message.find(fixture(name)), std::string::npos) << message;
-    for (const std::string& part : parts) {
-      EXPECT_NE(message.find(part), std::string::npos)
-          << "message '" << message << "' lacks '" << part << "'";
-    }
-  }
+void expect_read_error(const std::string& name, std::vector<std::string> parts) {
+  parts.push_back(fixture(name));
+  EXPECT_TRUE(says_all(message_of([&] { read_idx(fixture(name)); }), parts)) << name;
 }
 
 }  // namespace

@@ -4,15 +4,20 @@
 
 #include <cstdio>
 #include <fstream>
+#include <functional>
 #include <iterator>
 #include <string>
 #include <vector>
 
+#include "data_test_util.h"
 #include "loom/data/image/decode.h"
 #include "loom/util/errors.h"
 
 namespace loom::data {
 namespace {
+
+using loom::test::message_of;
+using loom::test::says_all;
 
 std::string fixture(const std::string& name) {
   return std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/image/" + name;
@@ -25,14 +30,8 @@ std::vector<uint8_t> read_bytes(const std::string& path) {
 }
 
 // Expects decoding `name` to throw DataError whose message names `name`.
-template <typename Decode>
-void expect_data_error_naming(Decode decode, const std::string& name) {
-  try {
-    decode();
-    FAIL() << "no DataError for " << name;
-  } catch (const DataError& e) {
-    EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
-  }
+void expect_data_error_naming(const std::function<void()>& decode, const std::string& name) {
+  EXPECT_TRUE(says_all(message_of(decode), {name}));
 }
 
 TEST(ImageDecode, RgbPngMatchesRawSourceBytes) {

@@ -7,12 +7,13 @@
 #include <array>
 #include <map>
 #include <set>
-#include <sstream>
 #include <thread>
 
+#include "data_test_util.h"
 #include "loom/util/errors.h"
 
 using namespace loom::data;
+using loom::test::words_of;
 
 namespace {
 
@@ -87,20 +88,13 @@ std::array<SeenShape, 4> analyse(const Image& image) {
   return seen;
 }
 
-std::vector<std::string> words(const std::string& text) {
-  std::istringstream in(text);
-  std::vector<std::string> out;
-  for (std::string w; in >> w;) out.push_back(w);
-  return out;
-}
-
 const std::vector<std::string> kShapeWords = {"circle", "square", "triangle"};
 const std::vector<std::string> kColorWords = {"red", "green", "blue", "yellow", "white"};
 const std::vector<std::string> kNumbers = {"zero", "one", "two", "three", "four"};
 
 std::string find_word(const std::string& question, const std::vector<std::string>& options) {
   std::string found;
-  for (const std::string& w : words(question))
+  for (const std::string& w : words_of(question))
     if (std::find(options.begin(), options.end(), w) != options.end()) found = w;
   return found;
 }
@@ -236,7 +230,7 @@ TEST(ShapesVqa, VocabularyCoversEveryWord) {
   for (Split split : {Split::train, Split::eval}) {
     for (int i = 0; i < 2000; ++i) {
       const VqaSample s = data.sample(split, i);
-      for (const std::string& w : words(s.question + " " + s.answer)) {
+      for (const std::string& w : words_of(s.question + " " + s.answer)) {
         EXPECT_EQ(unique.count(w), 1u) << w;
         EXPECT_EQ(w, [&] {
           std::string lower = w;

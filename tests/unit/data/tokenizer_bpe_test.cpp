@@ -2,18 +2,20 @@
 // with merges in both forms and hand-worked ids, NFC against Python's unicodedata, unsupported files.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <thread>
 
+#include "data_test_util.h"
 #include "loom/data/tokenizer/bpe_tokenizer.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/util/errors.h"
 
-using loom::DataError;
 using loom::data::BpeTokenizer;
+using loom::test::message_of;
+using loom::test::says_all;
+using loom::test::TempFile;
 using nlohmann::json;
 using Ids = std::vector<int64_t>;
 
@@ -36,23 +38,15 @@ const BpeTokenizer& tiny() {
   return tokenizer;
 }
 
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no DataError";
+// A pre_tokenizer "Sequence" of the given steps.
+json sequence(std::vector<json> steps) { return {{"type", "Sequence"}, {"pretokenizers", std::move(steps)}}; }
+
+// A "Split" pre-tokenizer step on regex with the given behavior.
+json split(const std::string& regex, const std::string& behavior) {
+  return {{"type", "Split"}, {"pattern", {{"Regex", regex}}}, {"behavior", behavior}};
 }
 
-// Writes a JSON file in the test's working directory and removes it at scope exit.
-struct TempJson {
-  std::string path;
-  TempJson(const std::string& name, const json& content) : path("bpe_tokenizer_test_" + name + ".json") {
-    std::ofstream(path) << content.dump();
-  }
-  ~TempJson() { std::remove(path.c_str()); }
-};
+const json kByteLevel = {{"type", "ByteLevel"}, {"use_regex", false}};
 
 }  // namespace
 
@@ -192,30 +186,16 @@ TEST(BpeTokenizer, RejectsSettingsItDoesNotApply) {
          j["pre_tokenizer"] = {{"type", "Whitespace"}};
        },
        "pre_tokenizer \"Whitespace\""},
-      {"no_byte_level",
-       [](json& j) {
-         j["pre_tokenizer"] = {
-             {"type", "Sequence"},
-             {"pretokenizers",
-              {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Isolated"}}}}};
-       },
+      {"no_byte_level", [](json& j) { j["pre_tokenizer"] = sequence({split("\\s+", "Isolated")}); },
        "no ByteLevel"},
       {"removed",
        [](json& j) {
-         j["pre_tokenizer"] = {
-             {"type", "Sequence"},
-             {"pretokenizers",
-              {{{"type", "Split"}, {"pattern", {{"Regex", "\\s+"}}}, {"behavior", "Removed"}},
-               {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+         j["pre_tokenizer"] = sequence({split("\\s+", "Removed"), kByteLevel});
        },
        "behavior \"Removed\""},
       {"lookahead",
        [](json& j) {
-         j["pre_tokenizer"] = {
-             {"type", "Sequence"},
-             {"pretokenizers",
-              {{{"type", "Split"}, {"pattern", {{"Regex", "a(?=b)|\\s+"}}}, {"behavior", "Isolated"}},
-               {{"type", "ByteLevel"}, {"use_regex", false}}}}};
+         j["pre_tokenizer"] = sequence({split("a(?=b)|\\s+", "Isolated"), kByteLevel});
        },
        "lookaround"},
       {"decoder", [](json& j) { j["decoder"] = nullptr; }, "decoder"},
@@ -243,10 +223,9 @@ TEST(BpeTokenizer, RejectsSettingsItDoesNotApply) {
   for (const Case& c : cases) {
     json changed = base;
     c.change(changed);
-    TempJson file(c.name, changed);
+    const TempFile file(std::string("bpe_tokenizer_test_") + c.name + ".json", changed.dump());
     const std::string message = message_of([&] { BpeTokenizer::load(file.path); });
-    EXPECT_NE(message.find(file.path), std::string::npos) << c.name << ": " << message;
-    EXPECT_NE(message.find(c.says), std::string::npos) << c.name << ": " << message;
+    EXPECT_TRUE(says_all(message, {file.path, c.says})) << c.name;
   }
   EXPECT_NE(message_of([] { BpeTokenizer::load("no_such_tokenizer.json"); }).find("no_such_tokenizer.json"),
             std::string::npos);
@@ -258,9 +237,9 @@ TEST(LoadTokenizer, PicksTheTokenizerFromTheFile) {
   EXPECT_EQ(bpe->encode("hello<|end|>"), (Ids{260, 261}));
 
   const auto words = loom::data::WordTokenizer::from_words({"what", "color", "is", "it", "?"});
-  words.save("bpe_tokenizer_test_words.json");
-  auto word_level = loom::data::load_tokenizer("bpe_tokenizer_test_words.json");
-  std::remove("bpe_tokenizer_test_words.json");
+  const TempFile words_file("bpe_tokenizer_test_words.json");
+  words.save(words_file.path);
+  auto word_level = loom::data::load_tokenizer(words_file.path);
   EXPECT_EQ(word_level->encode("what color is it ?<|im_end|>"), words.encode("what color is it ?<|im_end|>"));
   EXPECT_EQ(word_level->decode(words.encode("what is it")), "what is it");
   EXPECT_EQ(word_level->id("color"), words.id("color"));
@@ -268,7 +247,7 @@ TEST(LoadTokenizer, PicksTheTokenizerFromTheFile) {
 
   json unigram = read_json(kDir + "tiny_bpe_tokenizer.json");
   unigram["model"]["type"] = "Unigram";
-  TempJson unigram_file("unigram", unigram);
+  const TempFile unigram_file("bpe_tokenizer_test_unigram.json", unigram.dump());
   const std::string message = message_of([&] { loom::data::load_tokenizer(unigram_file.path); });
   EXPECT_NE(message.find(unigram_file.path), std::string::npos) << message;
   EXPECT_NE(message.find("\"Unigram\""), std::string::npos) << message;

@@ -2,14 +2,13 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
-#include <functional>
-#include <sstream>
 
+#include "data_test_util.h"
 #include "loom/data/tokenizer/sentencepiece_tokenizer.h"
-#include "loom/util/errors.h"
 
-using loom::DataError;
 using loom::data::SentencePieceTokenizer;
+using loom::test::message_of;
+using loom::test::words_of;
 using Ids = std::vector<int64_t>;
 
 namespace {
@@ -23,26 +22,9 @@ std::vector<std::string> read_lines(const std::string& path) {
   return lines;
 }
 
-template <typename T>
-std::vector<T> words_of(const std::string& line) {
-  std::istringstream in(line);
-  std::vector<T> out;
-  for (T w; in >> w;) out.push_back(w);
-  return out;
-}
-
 const SentencePieceTokenizer& tiny() {
   static const SentencePieceTokenizer tokenizer = SentencePieceTokenizer::load(kDir + "spm_tiny.model");
   return tokenizer;
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const DataError& e) {
-    return e.what();
-  }
-  return "no DataError";
 }
 
 }  // namespace

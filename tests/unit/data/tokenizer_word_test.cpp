@@ -1,38 +1,24 @@
 // Word tokenizer: ids, special tokens, unknown words, tokenizer.json save/load and bad files.
 #include <gtest/gtest.h>
 
-#include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "data_test_util.h"
 #include "loom/data/tokenizer/tokenizer.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/util/errors.h"
 
 using loom::data::WordTokenizer;
+using loom::test::message_of;
+using loom::test::TempFile;
 
 namespace {
 
-// Writes text to a file in the test's working directory and removes it at scope exit.
-struct TempFile {
-  std::string path;
-  TempFile(const std::string& name, const std::string& text = "") : path("word_tokenizer_test_" + name) {
-    if (!text.empty()) std::ofstream(path) << text;
-  }
-  ~TempFile() { std::remove(path.c_str()); }
-};
+const std::string kPrefix = "word_tokenizer_test_";  // of scratch files in the working directory
 
 WordTokenizer small() {
   return WordTokenizer::from_words({"what", "color", "is", "the", "circle", "?", "red"});
-}
-
-std::string message_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const loom::DataError& e) {
-    return e.what();
-  }
-  return "<no DataError>";
 }
 
 }  // namespace
@@ -89,7 +75,7 @@ TEST(WordTokenizer, RejectsBadWordLists) {
 
 TEST(WordTokenizer, SaveWritesHuggingFaceWordLevelAndLoadsBack) {
   const WordTokenizer tok = small();
-  TempFile file("save.json");
+  TempFile file(kPrefix + "save.json");
   tok.save(file.path);
 
   std::ifstream in(file.path);
@@ -117,7 +103,7 @@ TEST(WordTokenizer, SaveWritesHuggingFaceWordLevelAndLoadsBack) {
 TEST(WordTokenizer, LoadsAHandWrittenTokenizerJson) {
   // Written by hand in the layout HuggingFace tokenizers uses; the vocab map is not in id order,
   // one special lives only in added_tokens and the unknown token has another name.
-  TempFile file("hand.json", R"({
+  TempFile file(kPrefix + "hand.json", R"({
     "version": "1.0",
     "truncation": null,
     "padding": null,
@@ -144,26 +130,27 @@ TEST(WordTokenizer, BadFilesNameTheFile) {
   const std::string missing = message_of([] { WordTokenizer::load("no_such_dir/tokenizer.json"); });
   EXPECT_NE(missing.find("no_such_dir/tokenizer.json"), std::string::npos) << missing;
 
-  TempFile not_json("not_json.json", "{ \"model\": ");
+  TempFile not_json(kPrefix + "not_json.json", "{ \"model\": ");
   EXPECT_NE(message_of([&] { WordTokenizer::load(not_json.path); }).find(not_json.path), std::string::npos);
 
-  TempFile bpe("bpe.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
+  TempFile bpe(kPrefix + "bpe.json", R"({"model": {"type": "BPE", "vocab": {"a": 0}, "merges": []}})");
   const std::string bpe_message = message_of([&] { WordTokenizer::load(bpe.path); });
   EXPECT_NE(bpe_message.find(bpe.path), std::string::npos);
   EXPECT_NE(bpe_message.find("WordLevel"), std::string::npos);
 
-  TempFile gap("gap.json",
+  TempFile gap(kPrefix + "gap.json",
                R"({"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 2}, "unk_token": "a"}})");
   EXPECT_NE(message_of([&] { WordTokenizer::load(gap.path); }).find(gap.path), std::string::npos);
 
-  TempFile twice("twice.json",
+  TempFile twice(kPrefix + "twice.json",
                  R"({"model": {"type": "WordLevel", "vocab": {"a": 0, "b": 0}, "unk_token": "a"}})");
   EXPECT_NE(message_of([&] { WordTokenizer::load(twice.path); }).find(twice.path), std::string::npos);
 
-  TempFile no_unk("no_unk.json", R"({"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "x"}})");
+  TempFile no_unk(kPrefix + "no_unk.json",
+                  R"({"model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "x"}})");
   EXPECT_NE(message_of([&] { WordTokenizer::load(no_unk.path); }).find("unk_token"), std::string::npos);
 
-  TempFile split("split.json", R"({"pre_tokenizer": {"type": "Whitespace"},
+  TempFile split(kPrefix + "split.json", R"({"pre_tokenizer": {"type": "Whitespace"},
     "model": {"type": "WordLevel", "vocab": {"a": 0}, "unk_token": "a"}})");
   EXPECT_NE(message_of([&] { WordTokenizer::load(split.path); }).find("WhitespaceSplit"), std::string::npos);
 }
@@ -178,7 +165,7 @@ TEST(WordTokenizer, IsATokenizerAndLoadTokenizerGivesOne) {
   EXPECT_EQ(base.id("?"), 13);
   EXPECT_EQ(base.vocab_size(), 15);
 
-  TempFile file("interface.json");
+  TempFile file(kPrefix + "interface.json");
   tok.save(file.path);
   const std::unique_ptr<loom::data::Tokenizer> loaded = loom::data::load_tokenizer(file.path);
   const auto* word = dynamic_cast<const WordTokenizer*>(loaded.get());
