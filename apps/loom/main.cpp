@@ -10,8 +10,10 @@
 #include <iostream>
 #include <iterator>
 #include <nlohmann/json.hpp>
+#include <optional>
 
 #include "loom/config/config.h"
+#include "loom/data/chat_template.h"
 #include "loom/data/image/decode.h"
 #include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
@@ -141,13 +143,18 @@ int run_shapes(const std::string& what, bool list) {
   return 0;
 }
 
-// Qwen2-VL's chat template for text messages: a default system turn when the first message is not a
-// system message, then <|im_start|>{role}\n{content}<|im_end|>\n per message and, when asked, the
-// opening of the assistant's turn. `messages` is a list or {"messages": [...]}; content is a string
-// or a list of {"type": "text", "text": ...} parts. Images are refused: their <|image_pad|> count
-// depends on the image's size.
-std::string render_chat(const nlohmann::json& input, bool add_generation_prompt) {
+// The text messages of a chat for Qwen2-VL's chat template, from JSON text: a list of messages or
+// {"messages": [...]}; a role is "system", "user" or "assistant"; content is a string or a list of
+// {"type": "text", "text": ...} parts. Images are refused: their <|image_pad|> count depends on the
+// image's size.
+std::vector<data::Message> chat_messages(const std::string& text) {
   constexpr const char* kSource = "standard input";
+  nlohmann::json input;
+  try {
+    input = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: the messages are not valid JSON ({})", kSource, e.what()));
+  }
   const nlohmann::json& messages =
       input.is_object() && input.contains("messages") ? input["messages"] : input;
   if (!messages.is_array() || messages.empty()) {
@@ -161,18 +168,29 @@ std::string render_chat(const nlohmann::json& input, bool add_generation_prompt)
         "{}: message {} has {}, which needs the image to count its tokens; use the training data path",
         kSource, i, what));
   };
-  std::string text;
+  std::vector<data::Message> out;
   for (size_t i = 0; i < messages.size(); ++i) {
     const nlohmann::json& message = messages[i];
     if (!message.is_object() || !message.contains("role") || !message["role"].is_string() ||
         !message.contains("content")) {
       throw DataError(fmt::format("{}: message {} needs a \"role\" string and a \"content\"", kSource, i));
     }
+    data::Message parsed;
     const std::string role = message["role"].get<std::string>();
-    std::string content;
+    if (role == "system") {
+      parsed.role = data::Role::system;
+    } else if (role == "user") {
+      parsed.role = data::Role::user;
+    } else if (role == "assistant") {
+      parsed.role = data::Role::assistant;
+    } else {
+      throw DataError(fmt::format(
+          "{}: message {} has role \"{}\"; valid roles are \"system\", \"user\" and \"assistant\"", kSource,
+          i, role));
+    }
     const nlohmann::json& parts = message["content"];
     if (parts.is_string()) {
-      content = parts.get<std::string>();
+      parsed.content = parts.get<std::string>();
     } else if (parts.is_array()) {
       for (const nlohmann::json& part : parts) {
         if (!part.is_object()) {
@@ -187,36 +205,29 @@ std::string render_chat(const nlohmann::json& input, bool add_generation_prompt)
           throw DataError(
               fmt::format("{}: message {} has a content part without a \"text\" string", kSource, i));
         }
-        content += part["text"].get<std::string>();
+        parsed.content += part["text"].get<std::string>();
       }
     } else {
       throw DataError(
           fmt::format("{}: message {} content must be a string or a list of text parts", kSource, i));
     }
-    if (content.find("<image>") != std::string::npos) throw refuse_image(i, "an <image> placeholder");
-    if (i == 0 && role != "system") text += "<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n";
-    text += "<|im_start|>" + role + "\n" + content + "<|im_end|>\n";
+    if (data::count_image_placeholders(parsed.content) > 0) throw refuse_image(i, "an <image> placeholder");
+    out.push_back(std::move(parsed));
   }
-  if (add_generation_prompt) text += "<|im_start|>assistant\n";
-  return text;
+  return out;
 }
 
-// Text (or a chat) on standard input to ids, printed as one JSON array.
+// Text on standard input to ids, or with `chat` messages through Qwen2-VL's chat template (the one
+// training uses), printed as one JSON array.
 int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generation_prompt) {
   const auto tokenizer = data::load_tokenizer(tokenizer_path);
-  std::string text{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
-  if (chat) {
-    nlohmann::json messages;
-    try {
-      messages = nlohmann::json::parse(text);
-    } catch (const nlohmann::json::exception& e) {
-      throw DataError(fmt::format("standard input: the messages are not valid JSON ({})", e.what()));
-    }
-    text = render_chat(messages, add_generation_prompt);
-  }
+  std::optional<data::ChatTemplate> chat_template;
+  if (chat) chat_template.emplace(*tokenizer);  // DataError when the tokenizer lacks the ChatML tokens
+  const std::string text{std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()};
+  const std::vector<data::Message> messages = chat ? chat_messages(text) : std::vector<data::Message>{};
   std::vector<int64_t> ids;
   try {
-    ids = tokenizer->encode(text);
+    ids = chat ? chat_template->encode_chat(messages, add_generation_prompt) : tokenizer->encode(text);
   } catch (const DataError& e) {
     throw DataError(fmt::format("standard input: {}", e.what()));
   }

@@ -99,14 +99,35 @@ ConversationExample ChatTemplate::apply(const Conversation& conversation,
                                 conversation.source, conversation.index, images.size(),
                                 conversation.images.size()));
   }
-  ConversationExample ex;
+  const std::vector<Message>& messages = conversation.messages;
+  // A generation prompt leaves out the final reply and labels nothing.
+  const bool prompt_only = options_.generation_prompt;
+  ConversationExample ex = render(messages, prompt_only ? messages.size() - 1 : messages.size(), images,
+                                  prompt_only, !prompt_only);
   ex.source = conversation.source;
   ex.sample_index = conversation.index;
-  const std::vector<Message>& messages = conversation.messages;
   ex.answer = messages.back().content;
-  // A generation prompt labels nothing.
-  TokenWriter out(*tokenizer_, image_pad_, !options_.generation_prompt,
-                  options_.train_on_prompt && !options_.generation_prompt, ex);
+  ex.images = std::move(images);
+  return ex;
+}
+
+std::vector<int64_t> ChatTemplate::encode_chat(const std::vector<Message>& messages,
+                                               bool add_generation_prompt) const {
+  if (const std::string problem = chat_problem(messages); !problem.empty()) throw DataError(problem);
+  for (size_t m = 0; m < messages.size(); ++m) {
+    if (count_image_placeholders(messages[m].content) > 0) {
+      throw DataError(fmt::format("message {} has an {} placeholder, which a text-only chat cannot expand", m,
+                                  kImagePlaceholder));
+    }
+  }
+  return render(messages, messages.size(), {}, add_generation_prompt, /*labelled=*/false).input_ids;
+}
+
+ConversationExample ChatTemplate::render(const std::vector<Message>& messages, size_t end,
+                                         const std::vector<VisionInput>& images, bool generation_prompt,
+                                         bool labelled) const {
+  ConversationExample ex;
+  TokenWriter out(*tokenizer_, image_pad_, labelled, options_.train_on_prompt && labelled, ex);
 
   size_t first = 0;
   std::string system = options_.default_system;
@@ -119,7 +140,6 @@ ConversationExample ChatTemplate::apply(const Conversation& conversation,
   out.special(im_end_);
   out.text("\n");
 
-  const size_t end = options_.generation_prompt ? messages.size() - 1 : messages.size();
   const std::string placeholder = kImagePlaceholder;
   size_t image = 0;
   for (size_t m = first; m < end; ++m) {
@@ -140,11 +160,10 @@ ConversationExample ChatTemplate::apply(const Conversation& conversation,
       out.text(content.substr(from));
       out.special(im_end_);
       out.text("\n");
+    } else {
       out.special(im_start_);
       out.text("assistant\n");
-      out.flush();
-    } else {
-      if (m + 1 == messages.size()) ex.prompt_length = out.size();
+      if (m + 1 == end) ex.prompt_length = out.size();
       out.set_response(true);
       out.text(content);
       out.special(im_end_);
@@ -152,8 +171,12 @@ ConversationExample ChatTemplate::apply(const Conversation& conversation,
       out.set_response(false);
     }
   }
-  if (options_.generation_prompt) ex.prompt_length = out.size();
-  ex.images = std::move(images);
+  if (generation_prompt) {
+    out.special(im_start_);
+    out.text("assistant\n");
+    ex.prompt_length = out.size();
+  }
+  out.flush();
   return ex;
 }
 

@@ -66,9 +66,23 @@ class ChatTemplate {
   // skips and gives nullopt. Safe to call from several threads at once if the tokenizer is.
   std::optional<ConversationExample> build(const Conversation& conversation, SkipLog& skips) const;
 
+  // A text-only chat as a model's prompt (inference, `loom data tokenize --chat`): every message as
+  // it is, the last one a user or an assistant message, then "<|im_start|>assistant\n" when
+  // add_generation_prompt; nothing is labelled, whatever the options say. With a tokenizer that splits
+  // its input at special tokens (as Qwen's does), these are the ids of the whole template text.
+  // DataError, for the caller to prefix with the chat's source, when chat_problem() finds one or a
+  // message has an "<image>" placeholder.
+  std::vector<int64_t> encode_chat(const std::vector<Message>& messages, bool add_generation_prompt) const;
+
   const ChatTemplateOptions& options() const { return options_; }
 
  private:
+  // The template of messages[0, end) with the images of their placeholders, then the generation
+  // prompt when asked; replies labelled when `labelled` (train_on_prompt then labels the prompt too).
+  ConversationExample render(const std::vector<Message>& messages, size_t end,
+                             const std::vector<VisionInput>& images, bool generation_prompt,
+                             bool labelled) const;
+
   const Tokenizer* tokenizer_;
   ChatTemplateOptions options_;
   int64_t im_start_, im_end_, vision_start_, vision_end_, image_pad_;

@@ -130,12 +130,10 @@ int64_t count_image_placeholders(const std::string& text) {
   return count;
 }
 
-std::string conversation_problem(const Conversation& conversation) {
-  const std::vector<Message>& messages = conversation.messages;
+std::string chat_problem(const std::vector<Message>& messages) {
   if (messages.empty()) return "the conversation has no messages";
   const size_t first = messages[0].role == Role::system ? 1 : 0;
   if (first == messages.size()) return "the conversation has a system message but no user message";
-  int64_t placeholders = 0;
   for (size_t m = 0; m < messages.size(); ++m) {
     const Message& message = messages[m];
     if (m >= first) {
@@ -147,12 +145,10 @@ std::string conversation_problem(const Conversation& conversation) {
             m, with_article(message.role), with_article(expected));
       }
     }
-    const int64_t here = count_image_placeholders(message.content);
-    if (here > 0 && message.role != Role::user) {
+    if (message.role != Role::user && count_image_placeholders(message.content) > 0) {
       return fmt::format("message {} ({}) has an {} placeholder; images belong in user messages", m,
                          role_name(message.role), kImagePlaceholder);
     }
-    placeholders += here;
     for (const char* token : {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}) {
       if (message.content.find(token) != std::string::npos) {
         return fmt::format("message {} contains the literal token {}; write {} for an image", m, token,
@@ -160,9 +156,17 @@ std::string conversation_problem(const Conversation& conversation) {
       }
     }
   }
+  return "";
+}
+
+std::string conversation_problem(const Conversation& conversation) {
+  const std::vector<Message>& messages = conversation.messages;
+  if (std::string problem = chat_problem(messages); !problem.empty()) return problem;
   if (messages.back().role != Role::assistant) {
     return "the conversation must end with an assistant message";
   }
+  int64_t placeholders = 0;
+  for (const Message& message : messages) placeholders += count_image_placeholders(message.content);
   if (placeholders != static_cast<int64_t>(conversation.images.size())) {
     return fmt::format("{} {} placeholders but {} images; each image needs exactly one placeholder",
                        placeholders, kImagePlaceholder, conversation.images.size());

@@ -50,11 +50,15 @@ constexpr const char* kImagePlaceholder = "<image>";
 
 int64_t count_image_placeholders(const std::string& text);
 
-// Why the chat template cannot be applied to a conversation, or "" when it can: an optional system
-// message first, then user and assistant messages alternating, starting with a user message and
-// ending with an assistant one; "<image>" placeholders only in user messages and as many as
-// images; no literal vision tokens (<|vision_start|>, <|vision_end|>, <|image_pad|>, <|video_pad|>)
-// in any content, since they would desynchronise image tokens and image features.
+// Why messages do not form a chat, or "" when they do: an optional system message first, then user
+// and assistant messages alternating, starting with a user message; "<image>" placeholders only in
+// user messages; no literal vision tokens (<|vision_start|>, <|vision_end|>, <|image_pad|>,
+// <|video_pad|>) in any content, since they would desynchronise image tokens and image features.
+std::string chat_problem(const std::vector<Message>& messages);
+
+// Why the chat template cannot be applied to a training conversation, or "" when it can: a
+// chat_problem, a last message that is not an assistant one, or not as many "<image>" placeholders
+// as images.
 std::string conversation_problem(const Conversation& conversation);
 
 enum class SkipKind { missing_image, corrupt_image, bad_sample };

@@ -188,6 +188,42 @@ TEST(ChatTemplate, GenerationPromptEndsWithTheAssistantHeader) {
   EXPECT_EQ(ex.answer, "done");
 }
 
+TEST(ChatTemplate, EncodeChatEndsWithTheLastMessageOrTheGenerationPrompt) {
+  const ChatTemplate chat_template(tokenizer());
+  // A chat that ends with the user: "<|im_start|>user\nhi<|im_end|>\n", then the opening of the reply
+  // when asked.
+  const std::vector<Message> ask = {{Role::user, "hi"}};
+  const Ids asked = kDefaultSystem + kUserTurn + bytes("hi") + Ids{kImEnd, '\n'};
+  EXPECT_EQ(chat_template.encode_chat(ask, false), asked);
+  EXPECT_EQ(chat_template.encode_chat(ask, true), asked + Ids{kImStart} + bytes("assistant\n"));
+  // Multi-turn with a system message, ending with the assistant: every reply written out in full.
+  const std::vector<Message> replied = {
+      {Role::system, "Be brief."}, {Role::user, "Count the users."}, {Role::assistant, "ok"}};
+  const Ids whole = Ids{kImStart} + bytes("system\nBe brief.") + Ids{kImEnd, '\n'} + kUserTurn +
+                    bytes("Count the") + Ids{' ', kUser, 's', '.'} + kToAssistant + Ids{kOk, kImEnd, '\n'};
+  EXPECT_EQ(chat_template.encode_chat(replied, false), whole);
+  EXPECT_EQ(chat_template.encode_chat(replied, true), whole + Ids{kImStart} + bytes("assistant\n"));
+  // The options' generation_prompt and train_on_prompt shape training examples, not a chat's ids.
+  ChatTemplateOptions options;
+  options.generation_prompt = true;
+  options.train_on_prompt = true;
+  EXPECT_EQ(ChatTemplate(tokenizer(), options).encode_chat(replied, false), whole);
+}
+
+TEST(ChatTemplate, EncodeChatRefusesBadChatsAndImagePlaceholders) {
+  const ChatTemplate chat_template(tokenizer());
+  EXPECT_NE(message_of([&] {
+              chat_template.encode_chat({{Role::assistant, "a"}}, true);
+            }).find("message 0 is an assistant message where a user message must come"),
+            std::string::npos);
+  EXPECT_EQ(message_of([&] { chat_template.encode_chat({}, true); }), "the conversation has no messages");
+  EXPECT_EQ(message_of([&] {
+              chat_template.encode_chat({{Role::user, "a"}, {Role::assistant, "b"}, {Role::user, "<image>c"}},
+                                        false);
+            }),
+            "message 2 has an <image> placeholder, which a text-only chat cannot expand");
+}
+
 TEST(ChatTemplate, ConvertsToTokenizedExampleAndCollates) {
   const ChatTemplate chat_template(tokenizer());
   SkipLog skips;
@@ -307,4 +343,16 @@ TEST(ChatTemplate, QwenTokenizerGivesTheQwen2VLTemplateText) {
       "assistant\n"
       "done<|im_end|>\n";
   EXPECT_EQ(multi.input_ids, qwen.encode(multi_text));
+
+  // A chat for inference, ending with the user: the ids of its whole text, generation prompt or not.
+  const std::vector<Message> asking = {{Role::system, "Answer briefly."},
+                                       {Role::user, "我们今天去公园散步，天气非常好。 What do you think?"},
+                                       {Role::assistant, "It sounds lovely 😀\n\nEnjoy the walk."},
+                                       {Role::user, "def f(x):\n    return -x\n"}};
+  const std::string chat_text =
+      "<|im_start|>system\nAnswer briefly.<|im_end|>\n<|im_start|>user\n我们今天去公园散步，天气非常好。 "
+      "What do you think?<|im_end|>\n<|im_start|>assistant\nIt sounds lovely 😀\n\nEnjoy the walk."
+      "<|im_end|>\n<|im_start|>user\ndef f(x):\n    return -x\n<|im_end|>\n";
+  EXPECT_EQ(chat_template.encode_chat(asking, false), qwen.encode(chat_text));
+  EXPECT_EQ(chat_template.encode_chat(asking, true), qwen.encode(chat_text + "<|im_start|>assistant\n"));
 }

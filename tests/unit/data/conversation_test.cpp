@@ -210,6 +210,22 @@ TEST(ConversationProblem, RoleOrderPlaceholdersAndEnding) {
   EXPECT_EQ(count_image_placeholders("<image><image> x <image"), 2);
 }
 
+TEST(ChatProblem, AChatMayEndWithAUserMessageAndHasNoImageCount) {
+  EXPECT_EQ(chat_problem({{Role::user, "a"}}), "");
+  EXPECT_EQ(chat_problem({{Role::system, "s"}, {Role::user, "a"}, {Role::assistant, "b"}, {Role::user, "c"}}),
+            "");
+  EXPECT_EQ(chat_problem({{Role::user, "<image> a"}}), "");  // placeholders are counted against images later
+  EXPECT_EQ(chat_problem({}), "the conversation has no messages");
+  EXPECT_EQ(chat_problem({{Role::system, "s"}}), "the conversation has a system message but no user message");
+  EXPECT_NE(chat_problem({{Role::user, "a"}, {Role::user, "b"}})
+                .find("message 1 is a user message where an assistant message must come"),
+            std::string::npos);
+  EXPECT_EQ(chat_problem({{Role::user, "a"}, {Role::assistant, "<image>"}}),
+            "message 1 (assistant) has an <image> placeholder; images belong in user messages");
+  EXPECT_EQ(chat_problem({{Role::user, "see <|image_pad|>"}}),
+            "message 0 contains the literal token <|image_pad|>; write <image> for an image");
+}
+
 TEST(ConversationMix, QuotasByLargestRemainder) {
   // N = 15; exact shares 15 * (1, 2, 3) / 6 = (2.5, 5, 7.5); the one left over goes to the first of
   // the tied fractions.
