@@ -8,8 +8,8 @@
 #include <vector>
 
 #include "loom/data/image/qwen2vl_processor.h"
-#include "loom/data/synth/shapes_vqa.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
+#include "loom/data/vqa.h"
 
 namespace loom::data {
 

@@ -1,6 +1,7 @@
 #include "loom/train/vqa_data.h"
 
 #include "loom/data/fashion_vqa.h"
+#include "loom/data/synth/shapes_vqa.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 

@@ -9,8 +9,8 @@
 
 #include "loom/config/config.h"
 #include "loom/data/example.h"
-#include "loom/data/synth/shapes_vqa.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
+#include "loom/data/vqa.h"
 
 namespace loom::train {
 
