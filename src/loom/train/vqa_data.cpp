@@ -44,12 +44,16 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed)
   image_options_.max_pixels = data.image_size * data.image_size;
 }
 
+// The stream of counter_start that keys each epoch's order of a finite training split.
+constexpr uint64_t kEpochOrderStream = 2;
+
 data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
   int64_t at = index;
   if (split == data::Split::train && train_size_ > 0) {
     const uint64_t epoch = static_cast<uint64_t>(index / train_size_);
     at = static_cast<int64_t>(permute_index(static_cast<uint64_t>(index % train_size_),
-                                            static_cast<uint64_t>(train_size_), seed_ * 0x9e37 + epoch));
+                                            static_cast<uint64_t>(train_size_),
+                                            counter_start(seed_, kEpochOrderStream, epoch)));
   }
   auto ex = data::build_vqa_example(tokenizer_, sample_(split, at), image_options_, with_answer);
   if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len_) {
