@@ -149,7 +149,8 @@ ModelSection read_model(const YamlValue* section, const std::string& source) {
 DataSection read_data(const YamlValue* section, const std::string& source) {
   const SectionReader r(
       section, "data",
-      {"dataset", "dir", "image_size", "eval_samples", "max_seq_len", "num_workers", "prefetch"}, source);
+      {"dataset", "dir", "image_size", "eval_samples", "max_seq_len", "packing", "num_workers", "prefetch"},
+      source);
   DataSection d;
   r.read("dataset", d.dataset);
   r.one_of("dataset", d.dataset, {"shapes_vqa", "fashion_mnist"});
@@ -163,6 +164,7 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
   r.at_least("eval_samples", d.eval_samples, int64_t{1});
   r.read("max_seq_len", d.max_seq_len);
   r.at_least("max_seq_len", d.max_seq_len, int64_t{1});
+  r.read("packing", d.packing);
   r.read("num_workers", d.num_workers);
   r.at_least("num_workers", d.num_workers, int64_t{0});
   r.read("prefetch", d.prefetch);
@@ -314,7 +316,7 @@ bool operator==(const ModelSection& a, const ModelSection& b) {
 }
 bool operator==(const DataSection& a, const DataSection& b) {
   return a.dataset == b.dataset && a.dir == b.dir && a.image_size == b.image_size &&
-         a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len &&
+         a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len && a.packing == b.packing &&
          a.num_workers == b.num_workers && a.prefetch == b.prefetch;
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {

@@ -23,6 +23,7 @@ struct DataSection {
   int64_t image_size = 56;             // positive multiple of 28
   int64_t eval_samples = 1000;         // > 0
   int64_t max_seq_len = 1024;          // > 0
+  bool packing = false;                // micro-batches as one padding-free row (cu_seqlens)
   int64_t num_workers = 2;             // >= 0
   int64_t prefetch = 4;                // >= 1
 };

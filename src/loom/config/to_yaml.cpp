@@ -85,6 +85,7 @@ std::string to_yaml(const JobConfig& c) {
   line("image_size", integer(c.data.image_size));
   line("eval_samples", integer(c.data.eval_samples));
   line("max_seq_len", integer(c.data.max_seq_len));
+  line("packing", boolean(c.data.packing));
   line("num_workers", integer(c.data.num_workers));
   line("prefetch", integer(c.data.prefetch));
 

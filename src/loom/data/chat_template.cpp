@@ -67,14 +67,10 @@ int64_t special_id(const Tokenizer& tokenizer, const std::string& token) {
 }  // namespace
 
 TokenizedExample ConversationExample::to_tokenized_example() const {
-  if (images.size() > 1) {
-    throw DataError(fmt::format("{} sample {} has {} images; a TokenizedExample carries at most one", source,
-                                sample_index, images.size()));
-  }
   TokenizedExample out;
   out.input_ids = input_ids;
   out.labels = labels;
-  if (!images.empty()) out.vision = images[0];
+  out.images = images;
   out.answer = answer;
   out.prompt_length = prompt_length;
   return out;

@@ -35,7 +35,6 @@ struct ConversationExample {
 
   // Token length of the templated sample (what packing and length limits look at).
   int64_t length() const { return static_cast<int64_t>(input_ids.size()); }
-  // TokenizedExample carries at most one image: DataError naming the sample when it has more.
   TokenizedExample to_tokenized_example() const;
 };
 

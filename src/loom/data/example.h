@@ -17,7 +17,7 @@ constexpr int64_t kIgnoreIndex = -100;  // label of a token that carries no loss
 
 struct TokenizedExample {
   std::vector<int64_t> input_ids, labels;  // labels aligned with input_ids, kIgnoreIndex = no loss
-  VisionInput vision;
+  std::vector<VisionInput> images;         // in order of their <|image_pad|> runs
   std::string answer, question_type;
   int64_t prompt_length = 0;  // tokens before the answer
 };
@@ -37,11 +37,24 @@ struct Batch {
   at::Tensor attention_mask;      // (B, L) int64, 1 real token, 0 padding
   at::Tensor pixel_values;        // (sum of patches, 1176) float32, images in order of appearance
   at::Tensor image_grid_thw;      // (num_images, 3) int64
-  int64_t num_target_tokens = 0;  // count of labels != kIgnoreIndex
+  int64_t num_target_tokens = 0;  // labels that are a next-token target (!= kIgnoreIndex, not first)
+  // Packed batches: one row (B = 1) of examples [cu[i], cu[i+1]) back to back, no padding. Empty
+  // for a padded batch (one example per row).
+  std::vector<int64_t> cu_seqlens;
   std::vector<std::string> answers, question_types;
+
+  bool packed() const { return !cu_seqlens.empty(); }
+  // Tokens of each example, in order.
+  std::vector<int64_t> sequence_lengths() const;
 };
 
-// Pads to the longest example; examples without an image (undefined pixel_values) add none.
+// Pads to the longest example; pixel_values holds every image of every example, in order.
 Batch collate(const std::vector<TokenizedExample>& examples, int64_t pad_id);
+
+// Packs the examples into one padding-free row with cu_seqlens at their boundaries. Each
+// example's first label is cleared: as in a row of its own, its first token is never a target
+// (in the packed row it would be the previous example's last prediction), so the packed loss
+// is the sum of the examples' own losses.
+Batch pack(const std::vector<TokenizedExample>& examples);
 
 }  // namespace loom::data

@@ -26,14 +26,25 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
 }  // namespace
 
 at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::vector<int64_t>& cu_seqlens) {
-  const int64_t total = q.size(0);
+                             const std::vector<int64_t>& cu_seqlens, bool causal) {
+  const int64_t total = q.size(0), heads = q.size(1), kv_heads = k.size(1);
   if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != total)
     throw ModelError(fmt::format("segment_attention: cu_seqlens must run from 0 to {} tokens", total));
+  if (kv_heads < 1 || heads % kv_heads)
+    throw ModelError(
+        fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+  // (S, length, H, D) -> (S, H, length, D), key/value heads repeated to the query heads.
+  auto heads_first = [&](const at::Tensor& x) {
+    auto t = x.transpose(1, 2);
+    return x.size(2) == heads ? t : t.repeat_interleave(heads / x.size(2), 1);
+  };
   // Group segment starts by length so each group runs as one batched product.
   std::map<int64_t, std::vector<int64_t>> starts_by_length;
   for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
     const int64_t length = cu_seqlens[i + 1] - cu_seqlens[i];
+    if (length < 0)
+      throw ModelError(fmt::format("segment_attention: cu_seqlens must not decrease, got {} then {}",
+                                   cu_seqlens[i], cu_seqlens[i + 1]));
     if (length > 0) starts_by_length[length].push_back(cu_seqlens[i]);
   }
   if (starts_by_length.size() == 1 &&
@@ -42,9 +53,9 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
     // All segments the same length: a reshape, no gather.
     const int64_t length = starts_by_length.begin()->first;
     auto split = [&](const at::Tensor& x) {
-      return x.view({total / length, length, x.size(1), x.size(2)}).transpose(1, 2);
+      return heads_first(x.view({total / length, length, x.size(1), x.size(2)}));
     };
-    return attend(split(q), split(k), split(v), false).transpose(1, 2).reshape_as(q);
+    return attend(split(q), split(k), split(v), causal).transpose(1, 2).reshape_as(q);
   }
   auto out = at::empty_like(q);
   for (const auto& [length, starts] : starts_by_length) {
@@ -54,10 +65,10 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
       for (int64_t j = 0; j < length; ++j) acc[s][j] = starts[s] + j;
     auto flat = index.flatten();
     auto gather = [&](const at::Tensor& x) {
-      return x.index_select(0, flat).view({index.size(0), length, x.size(1), x.size(2)}).transpose(1, 2);
+      return heads_first(x.index_select(0, flat).view({index.size(0), length, x.size(1), x.size(2)}));
     };
     auto result =
-        attend(gather(q), gather(k), gather(v), false).transpose(1, 2).reshape({-1, q.size(1), q.size(2)});
+        attend(gather(q), gather(k), gather(v), causal).transpose(1, 2).reshape({-1, heads, q.size(2)});
     out = out.index_copy(0, flat, result);
   }
   return out;

@@ -9,6 +9,7 @@
 
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/data/batching.h"
 #include "loom/data/loader.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
@@ -52,6 +53,7 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
   in.attention_mask = batch.attention_mask;
   in.pixel_values = batch.pixel_values;
   in.image_grid_thw = batch.image_grid_thw;
+  in.cu_seqlens = batch.cu_seqlens;
   return in;
 }
 
@@ -61,11 +63,6 @@ at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   auto predicted = logits.narrow(1, 0, length - 1).reshape({-1, vocab}).to(at::kFloat);
   auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
   return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
-}
-
-std::vector<int64_t> sequence_lengths(const data::Batch& batch) {
-  auto lengths = batch.attention_mask.sum(1).contiguous();
-  return std::vector<int64_t>(lengths.data_ptr<int64_t>(), lengths.data_ptr<int64_t>() + lengths.numel());
 }
 
 }  // namespace
@@ -97,7 +94,12 @@ Trainer::Trainer(config::JobConfig job) : job_(std::move(job)) {
        model_config_.text.vocab_size, model_config_.text.num_layers},
       /*world_size=*/1);
   accumulation_ = t.global_batch_size / t.micro_batch_size;
-  data_ = std::make_unique<VqaData>(job_.data, models::derive_seed(static_cast<uint64_t>(t.seed), "data"));
+  data::Qwen2VLImageOptions image;
+  image.patch_size = model_config_.vision.patch_size;
+  image.temporal_patch_size = model_config_.vision.temporal_patch_size;
+  image.merge_size = model_config_.vision.spatial_merge_size;
+  data_ =
+      std::make_unique<VqaData>(job_.data, models::derive_seed(static_cast<uint64_t>(t.seed), "data"), image);
   check_token_ids(model_config_, data_->tokenizer());
 
   parallel::ParamOptions options;
@@ -201,8 +203,9 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     (loss * scale).backward();
     loss_sum += loss.item<double>();
     stats.tokens += batch.attention_mask.sum().item<int64_t>();
-    stats.samples += batch.input_ids.size(0);
-    stats.flops += model_->training_flops(sequence_lengths(batch), batch.image_grid_thw);
+    const std::vector<int64_t> lengths = batch.sequence_lengths();
+    stats.samples += static_cast<int64_t>(lengths.size());
+    stats.flops += model_->training_flops(lengths, batch.image_grid_thw);
   }
   stats.loss = loss_sum * scale;
   stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
@@ -227,19 +230,28 @@ std::optional<EvalResult> Trainer::train() {
       }(),
       t.steps, t.global_batch_size, accumulation_, t.micro_batch_size);
 
-  const int64_t micro = t.micro_batch_size;
-  data::PrefetchLoader<data::Batch> loader(
-      [this, micro](int64_t index) { return data_->train_batch(index, micro); }, step_ * accumulation_,
-      static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
+  // One loader item is one step's micro-batches, so the data position is the step.
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing,
+                                     data_->tokenizer().id("<|endoftext|>")};
+  const int64_t global = t.global_batch_size;
+  data::PrefetchLoader<std::vector<data::Batch>> loader(
+      [this, batching, global](int64_t step) {
+        return data::make_micro_batches(data_->train_examples(step * global, (step + 1) * global), batching);
+      },
+      step_, static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
   ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
                        job_.tools.progress_bar ? ProgressBar::Mode::automatic : ProgressBar::Mode::lines);
   const auto start = Clock::now();
-  double window_data_wait = 0, window_time = 0;
+  // Time the steps spent waiting for the loader, over all their time (this run's steps).
+  double total_data_wait = 0, total_step_time = 0;
+  auto log_loader_share = [&] {
+    spdlog::info("loader share of step time: {:.2f}% ({:.2f} s waiting for data in {:.1f} s of steps)",
+                 100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time);
+  };
   while (step_ < t.steps) {
     const auto step_start = Clock::now();
     const double wait_before = loader.wait_seconds();
-    std::vector<data::Batch> micro_batches;
-    for (int64_t m = 0; m < accumulation_; ++m) micro_batches.push_back(loader.next());
+    const std::vector<data::Batch> micro_batches = loader.next();
     const double data_wait = loader.wait_seconds() - wait_before;
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
@@ -249,8 +261,8 @@ std::optional<EvalResult> Trainer::train() {
     ++step_;
 
     const double seconds = seconds_since(step_start);
-    window_data_wait += data_wait;
-    window_time += seconds;
+    total_data_wait += data_wait;
+    total_step_time += seconds;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
     const double mfu = stats.flops / seconds / peak_flops_;
     metrics.write({{"step", step_},
@@ -263,14 +275,10 @@ std::optional<EvalResult> Trainer::train() {
                    {"step_time_s", seconds},
                    {"data_wait_s", data_wait}});
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, mfu, seconds_since(start));
-    if (step_ % job_.tools.log_every == 0 || step_ == t.steps) {
-      spdlog::debug("step {}: loader share of step time {:.2f}%", step_,
-                    100.0 * window_data_wait / window_time);
-      window_data_wait = window_time = 0;
-    }
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {
       progress.finish();
+      log_loader_share();
       log_eval(evaluate(), metrics);
     }
     const bool exiting = !last && t.exit_interval > 0 && step_ % t.exit_interval == 0;
@@ -284,6 +292,7 @@ std::optional<EvalResult> Trainer::train() {
     }
   }
   progress.finish();
+  log_loader_share();
   auto result = evaluate();
   log_eval(result, metrics);
   return result;
@@ -314,7 +323,7 @@ EvalResult Trainer::evaluate() {
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
     auto batch = data_->eval_prompts(begin, end);
     const int64_t rows = batch.input_ids.size(0);
-    auto lengths = sequence_lengths(batch);
+    auto lengths = batch.sequence_lengths();
     // Room for the answer: right padding, so each row's new token goes at its own length.
     auto ids = at::cat(
         {batch.input_ids, at::full({rows, kMaxAnswerTokens}, tokenizer.id("<|endoftext|>"), at::kLong)}, 1);

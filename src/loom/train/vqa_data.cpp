@@ -17,8 +17,14 @@ data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
 
 }  // namespace
 
-VqaData::VqaData(const config::DataSection& data, uint64_t seed)
-    : seed_(seed), eval_samples_(data.eval_samples), max_seq_len_(data.max_seq_len) {
+VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image)
+    : seed_(seed), image_options_(image), eval_samples_(data.eval_samples), max_seq_len_(data.max_seq_len) {
+  const int64_t factor = image.patch_size * image.merge_size;
+  if (factor <= 0 || data.image_size % factor != 0)
+    throw ConfigError(
+        fmt::format("data.image_size: {} is not a multiple of the model's patch_size x "
+                    "spatial_merge_size ({} x {})",
+                    data.image_size, image.patch_size, image.merge_size));
   int64_t eval_size = 0;  // 0: unbounded
   if (data.dataset == "shapes_vqa") {
     const data::ShapesVqa shapes(seed, data.image_size);
@@ -64,12 +70,12 @@ data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool w
   return ex;
 }
 
-data::Batch VqaData::train_batch(int64_t index, int64_t size) const {
+std::vector<data::TokenizedExample> VqaData::train_examples(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
-  examples.reserve(size);
-  for (int64_t i = index * size; i < (index + 1) * size; ++i)
+  examples.reserve(std::max<int64_t>(end - begin, 0));
+  for (int64_t i = begin; i < end; ++i)
     examples.push_back(example(data::Split::train, i, /*with_answer=*/true));
-  return data::collate(examples, tokenizer_.id("<|endoftext|>"));
+  return examples;
 }
 
 data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {

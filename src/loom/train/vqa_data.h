@@ -16,14 +16,16 @@ namespace loom::train {
 
 class VqaData {
  public:
-  VqaData(const config::DataSection& data, uint64_t seed);
+  // `image` gives the model's patch geometry (patch, temporal patch and merge sizes); images are
+  // processed at data.image_size x data.image_size, which must be a multiple of patch x merge.
+  VqaData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image = {});
 
   const data::WordTokenizer& tokenizer() const { return tokenizer_; }
   const std::vector<std::string>& question_types() const { return question_types_; }
 
-  // Micro-batch `index` of the training stream: samples [index*size, (index+1)*size). A finite
-  // training split is walked in a fresh seeded order every epoch.
-  data::Batch train_batch(int64_t index, int64_t size) const;
+  // Samples [begin, end) of the training stream, with answers. A finite training split is walked
+  // in a fresh seeded order every epoch.
+  std::vector<data::TokenizedExample> train_examples(int64_t begin, int64_t end) const;
   // Held-out samples [begin, end) as generation prompts (answers kept for scoring).
   data::Batch eval_prompts(int64_t begin, int64_t end) const;
   int64_t eval_samples() const { return eval_samples_; }

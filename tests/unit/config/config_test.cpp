@@ -54,6 +54,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.data.image_size, 84);
   EXPECT_EQ(c.data.eval_samples, 200);
   EXPECT_EQ(c.data.max_seq_len, 512);
+  EXPECT_TRUE(c.data.packing);
   EXPECT_EQ(c.data.num_workers, 0);
   EXPECT_EQ(c.data.prefetch, 1);
 
@@ -151,6 +152,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(c.data.image_size, 56);
   EXPECT_EQ(c.data.eval_samples, 1000);
   EXPECT_EQ(c.data.max_seq_len, 1024);
+  EXPECT_FALSE(c.data.packing);
   EXPECT_EQ(c.data.num_workers, 2);
   EXPECT_EQ(c.data.prefetch, 4);
 
@@ -338,10 +340,10 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(
-      parse_error(kMinimal + "data: 5\n"),
-      "job.yaml: data: expected a mapping of keys (dataset, dir, image_size, eval_samples, max_seq_len, "
-      "num_workers, prefetch), got '5'");
+  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
+            "job.yaml: data: expected a mapping of keys (dataset, dir, image_size, eval_samples, "
+            "max_seq_len, packing, "
+            "num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "

@@ -236,16 +236,24 @@ TEST(ChatTemplate, ConvertsToTokenizedExampleAndCollates) {
   EXPECT_EQ(a.labels, with_image.labels);
   EXPECT_EQ(a.prompt_length, with_image.prompt_length);
   EXPECT_EQ(a.answer, "ok");
-  EXPECT_EQ(a.vision.grid_thw, (std::array<int64_t, 3>{1, 4, 4}));
-  EXPECT_FALSE(b.vision.pixel_values.defined());
+  ASSERT_EQ(a.images.size(), 1u);
+  EXPECT_EQ(a.images[0].grid_thw, (std::array<int64_t, 3>{1, 4, 4}));
+  EXPECT_TRUE(b.images.empty());
   const Batch batch = collate({a, b}, 0);
   EXPECT_EQ(batch.input_ids.size(1), std::max(with_image.length(), text_only.length()));
   EXPECT_EQ(batch.pixel_values.sizes(), (std::vector<int64_t>{16, 1176}));
   EXPECT_EQ(batch.num_target_tokens, 3 + 3 + 6);  // "ok" reply; "ok" and "done" replies
 
   const ConversationExample two_images = *chat_template.build(samples[3], skips);
-  EXPECT_EQ(two_images.images.size(), 2u);
-  EXPECT_THROW(two_images.to_tokenized_example(), DataError);
+  ASSERT_EQ(two_images.images.size(), 2u);
+  const TokenizedExample c = two_images.to_tokenized_example();
+  ASSERT_EQ(c.images.size(), 2u);
+  const Batch both = collate({a, c}, 0);
+  const int64_t rows_c = c.images[0].pixel_values.size(0) + c.images[1].pixel_values.size(0);
+  EXPECT_EQ(both.pixel_values.size(0), 16 + rows_c);
+  EXPECT_EQ(both.image_grid_thw.size(0), 3);
+  EXPECT_TRUE(
+      both.pixel_values.slice(0, 16 + c.images[0].pixel_values.size(0)).equal(c.images[1].pixel_values));
 }
 
 TEST(ChatTemplate, MissingCorruptAndBadSamplesAreSkippedWithReasons) {

@@ -36,8 +36,8 @@ TEST(VqaExample, ChatTemplateLayoutAndLabels) {
   EXPECT_EQ(tok.decode(ex.input_ids),
             "<|im_start|> user <|vision_start|> <|image_pad|> <|image_pad|> <|image_pad|> <|image_pad|> "
             "<|vision_end|> what color is the circle ? <|im_end|> <|im_start|> assistant red <|im_end|>");
-  EXPECT_EQ(ex.vision.grid_thw, (std::array<int64_t, 3>{1, 4, 4}));
-  EXPECT_EQ(ex.vision.pixel_values.sizes(), (std::vector<int64_t>{16, 1176}));
+  EXPECT_EQ(ex.images.at(0).grid_thw, (std::array<int64_t, 3>{1, 4, 4}));
+  EXPECT_EQ(ex.images.at(0).pixel_values.sizes(), (std::vector<int64_t>{16, 1176}));
   EXPECT_EQ(ex.answer, "red");
   EXPECT_EQ(ex.question_type, "color");
 }
@@ -58,7 +58,7 @@ TEST(VqaExample, ImagePadCountFollowsTheGrid) {
   const TokenizedExample ex = build_vqa_example(
       tok, sample(112, "where is the circle ?", "top left", "position"), Qwen2VLImageOptions{}, true);
   EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), 5), 16);
-  EXPECT_EQ(ex.vision.grid_thw, (std::array<int64_t, 3>{1, 8, 8}));
+  EXPECT_EQ(ex.images.at(0).grid_thw, (std::array<int64_t, 3>{1, 8, 8}));
   EXPECT_EQ(ex.prompt_length, 3 + 16 + 1 + 5 + 3);
   EXPECT_EQ(std::vector<int64_t>(ex.labels.end() - 3, ex.labels.end()), (std::vector<int64_t>{18, 19, 2}));
 }
@@ -96,8 +96,8 @@ TEST(Collate, PadsStacksImagesAndCountsTargets) {
   EXPECT_EQ(batch.num_target_tokens, 2 + 3);
   EXPECT_EQ(batch.pixel_values.sizes(), (std::vector<int64_t>{16 + 64, 1176}));
   EXPECT_EQ(batch.pixel_values.scalar_type(), at::kFloat);
-  EXPECT_TRUE(batch.pixel_values.slice(0, 0, 16).equal(a.vision.pixel_values));
-  EXPECT_TRUE(batch.pixel_values.slice(0, 16, 80).equal(b.vision.pixel_values));
+  EXPECT_TRUE(batch.pixel_values.slice(0, 0, 16).equal(a.images.at(0).pixel_values));
+  EXPECT_TRUE(batch.pixel_values.slice(0, 16, 80).equal(b.images.at(0).pixel_values));
   EXPECT_TRUE(batch.image_grid_thw.equal(at::tensor({1, 4, 4, 1, 8, 8}, at::kLong).reshape({2, 3})));
   EXPECT_EQ(batch.answers, (std::vector<std::string>{"red", "top left"}));
   EXPECT_EQ(batch.question_types, (std::vector<std::string>{"color", "position"}));

@@ -46,6 +46,27 @@ TEST(RopeIndex, TwoSamplesWithPaddingWorkedByHand) {
   EXPECT_EQ(r.rope_deltas[1][0].item<int64_t>(), 6 - 10);
 }
 
+TEST(RopeIndex, PackedRowStartsEverySampleAfresh) {
+  // The two samples above back to back in one row (no padding): each keeps its own positions.
+  auto ids = at::tensor({1, 2, 250, 252, 252, 252, 252, 251, 3, 4,  //
+                         1, 250, 252, 252, 252, 252, 252, 252, 251},
+                        at::kLong)
+                 .view({1, 19});
+  auto grid = at::tensor({1, 4, 4, 1, 4, 6}, at::kLong).view({2, 3});
+  auto r = rope_index(ids, grid, at::Tensor(), tiny_config(), {0, 10, 19});
+  const std::vector<int64_t> t{0, 1, 2, 3, 3, 3, 3, 5, 6, 7, 0, 1, 2, 2, 2, 2, 2, 2, 5},
+      h{0, 1, 2, 3, 3, 4, 4, 5, 6, 7, 0, 1, 2, 2, 2, 3, 3, 3, 5},
+      w{0, 1, 2, 3, 4, 3, 4, 5, 6, 7, 0, 1, 2, 3, 4, 2, 3, 4, 5};
+  EXPECT_TRUE(at::equal(r.position_ids[0][0], at::tensor(t, at::kLong)));
+  EXPECT_TRUE(at::equal(r.position_ids[1][0], at::tensor(h, at::kLong)));
+  EXPECT_TRUE(at::equal(r.position_ids[2][0], at::tensor(w, at::kLong)));
+  EXPECT_EQ(r.rope_deltas[0][0].item<int64_t>(), 6 - 9);  // the last sample's
+
+  // An image cut by a sample boundary, and boundaries that do not cover the row, are errors.
+  EXPECT_THROW(rope_index(ids, grid, at::Tensor(), tiny_config(), {0, 5, 19}), ModelError);
+  EXPECT_THROW(rope_index(ids, grid, at::Tensor(), tiny_config(), {0, 10}), ModelError);
+}
+
 TEST(RopeIndex, MismatchedImageTokensAreErrors) {
   auto ids = at::tensor({250, 252, 252, 251}, at::kLong).view({1, 4});
   auto grid = at::tensor({1, 4, 4}, at::kLong).view({1, 3});  // needs 4 image tokens

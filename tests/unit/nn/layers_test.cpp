@@ -37,6 +37,27 @@ TEST(SegmentAttention, MatchesFullAttentionWithBlockDiagonalMask) {
     EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
 }
 
+TEST(SegmentAttention, CausalGroupedSegmentsMatchCausalAttentionOnEachSegment) {
+  at::manual_seed(4);
+  const std::vector<int64_t> cu{0, 3, 7, 10, 14, 20};  // packed samples of 3, 4, 3, 4 and 6 tokens
+  const int64_t n = 20, hq = 4, hkv = 2, dim = 5;
+  auto q = at::randn({n, hq, dim}, at::kDouble).requires_grad_();
+  auto k = at::randn({n, hkv, dim}, at::kDouble).requires_grad_();
+  auto v = at::randn({n, hkv, dim}, at::kDouble).requires_grad_();
+  auto out = segment_attention(q, k, v, cu, /*causal=*/true);
+  // Reference: each sample alone through causal_attention (itself checked against a loop below).
+  std::vector<at::Tensor> parts;
+  for (size_t s = 0; s + 1 < cu.size(); ++s) {
+    auto one = [&](const at::Tensor& x) { return x.slice(0, cu[s], cu[s + 1]).unsqueeze(0); };
+    parts.push_back(causal_attention(one(q), one(k), one(v))[0]);
+  }
+  auto ref = at::cat(parts, 0);
+  EXPECT_TRUE(at::allclose(out, ref, 1e-10, 1e-10));
+  auto w = at::randn_like(out);
+  for (const auto& x : {q, k, v})
+    EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
+}
+
 TEST(CausalAttention, GroupedHeadsMatchPerElementLoop) {
   at::manual_seed(2);
   const int64_t b = 2, l = 5, hq = 4, hkv = 2, d = 3;

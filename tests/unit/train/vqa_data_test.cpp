@@ -19,11 +19,15 @@ config::DataSection fashion(int64_t eval_samples = 100) {
   return d;
 }
 
-std::map<std::string, int> answer_counts(const VqaData& data, int64_t first_batch, int64_t batches,
-                                         int64_t size) {
+std::vector<std::string> answers(const VqaData& data, int64_t begin, int64_t end) {
+  std::vector<std::string> out;
+  for (const auto& ex : data.train_examples(begin, end)) out.push_back(ex.answer);
+  return out;
+}
+
+std::map<std::string, int> answer_counts(const VqaData& data, int64_t begin, int64_t end) {
   std::map<std::string, int> counts;
-  for (int64_t b = first_batch; b < first_batch + batches; ++b)
-    for (const std::string& answer : data.train_batch(b, size).answers) ++counts[answer];
+  for (const std::string& answer : answers(data, begin, end)) ++counts[answer];
   return counts;
 }
 
@@ -31,25 +35,25 @@ std::map<std::string, int> answer_counts(const VqaData& data, int64_t first_batc
 // epoch that visits every image once shows each answer exactly 6,000 times.
 TEST(VqaData, FashionEpochsArePermutationsOfTheTrainingSplit) {
   const VqaData data(fashion(), 7);
-  const int64_t size = 2000, per_epoch = 60000 / size;
   for (int64_t epoch : {0, 1}) {
-    const auto counts = answer_counts(data, epoch * per_epoch, per_epoch, size);
+    const auto counts = answer_counts(data, epoch * 60000, (epoch + 1) * 60000);
     ASSERT_EQ(counts.size(), 10u);
     for (const auto& [answer, n] : counts) EXPECT_EQ(n, 6000) << answer << " in epoch " << epoch;
   }
   // Each epoch has its own order, and the same seed gives the same order.
-  EXPECT_NE(data.train_batch(0, 100).answers, data.train_batch(600, 100).answers);  // samples 0.. and 60000..
-  EXPECT_EQ(data.train_batch(3, 64).answers, VqaData(fashion(), 7).train_batch(3, 64).answers);
-  EXPECT_NE(data.train_batch(3, 64).answers, VqaData(fashion(), 8).train_batch(3, 64).answers);
+  EXPECT_NE(answers(data, 0, 100), answers(data, 60000, 60100));
+  EXPECT_EQ(answers(data, 192, 256), answers(VqaData(fashion(), 7), 192, 256));
+  EXPECT_NE(answers(data, 192, 256), answers(VqaData(fashion(), 8), 192, 256));
 }
 
 TEST(VqaData, FashionImagesAreProcessedAtImageSize) {
-  const auto batch = VqaData(fashion(), 1).train_batch(0, 2);
-  EXPECT_EQ(batch.image_grid_thw.sizes(), (std::vector<int64_t>{2, 3}));
-  EXPECT_EQ(batch.image_grid_thw[0][1].item<int64_t>(), 2);  // 28 px / patch 14
+  const auto examples = VqaData(fashion(), 1).train_examples(0, 2);
+  ASSERT_EQ(examples.size(), 2u);
+  EXPECT_EQ(examples[0].images.at(0).grid_thw, (std::array<int64_t, 3>{1, 2, 2}));  // 28 px / patch 14
   auto d = fashion();
   d.image_size = 56;  // the 28 px photo is scaled up to 56 px: 4 x 4 patches
-  EXPECT_EQ(VqaData(d, 1).train_batch(0, 1).image_grid_thw[0][2].item<int64_t>(), 4);
+  EXPECT_EQ(VqaData(d, 1).train_examples(0, 1).at(0).images.at(0).grid_thw,
+            (std::array<int64_t, 3>{1, 4, 4}));
 }
 
 TEST(VqaData, LimitsAreErrorsNamingTheKey) {

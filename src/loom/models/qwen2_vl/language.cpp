@@ -3,6 +3,7 @@
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
+#include "loom/util/errors.h"
 
 namespace loom::models {
 
@@ -18,12 +19,20 @@ TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& 
                                          num_heads * head_dim, c.hidden_size, false, options));
 }
 
-at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
+at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  const std::vector<int64_t>& cu_seqlens) const {
   const int64_t b = x.size(0), l = x.size(1);
   auto q = nn::apply_rotary(q_proj->forward(x).view({b, l, num_heads, head_dim}), cos, sin);
   auto k = nn::apply_rotary(k_proj->forward(x).view({b, l, num_kv_heads, head_dim}), cos, sin);
   auto v = v_proj->forward(x).view({b, l, num_kv_heads, head_dim});
-  auto out = nn::causal_attention(q, k, v);  // (B, L, H, D)
+  at::Tensor out;  // (B, L, H, D)
+  if (cu_seqlens.empty()) {
+    out = nn::causal_attention(q, k, v);
+  } else {
+    if (b != 1)
+      throw ModelError(fmt::format("packed sequences come as one row of tokens, got a batch of {}", b));
+    out = nn::segment_attention(q[0], k[0], v[0], cu_seqlens, /*causal=*/true).unsqueeze(0);
+  }
   return o_proj->forward(out.reshape({b, l, num_heads * head_dim}));
 }
 
@@ -49,8 +58,9 @@ DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& op
       "post_attention_layernorm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
-at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const {
-  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin);
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const std::vector<int64_t>& cu_seqlens) const {
+  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cu_seqlens);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
@@ -63,13 +73,14 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
 }
 
-at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids) const {
+at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids,
+                              const std::vector<int64_t>& cu_seqlens) const {
   auto angles = nn::mrope_angles(position_ids, config.head_dim(), config.rope_theta,
                                  config.mrope_section);  // (B, L, D)
   auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
   auto sin = angles.sin().unsqueeze(2);
   auto h = inputs_embeds;
-  for (const auto& layer : layers) h = layer->forward(h, cos, sin);
+  for (const auto& layer : layers) h = layer->forward(h, cos, sin, cu_seqlens);
   return norm->forward(h);
 }
 

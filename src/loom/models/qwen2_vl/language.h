@@ -16,8 +16,10 @@ namespace loom::models {
 class TextAttention : public torch::nn::Module {
  public:
   TextAttention(const TextConfig& config, const parallel::ParamOptions& options);
-  // x (B, L, hidden), cos/sin (B, L, 1, head_dim) -> (B, L, hidden)
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  // x (B, L, hidden), cos/sin (B, L, 1, head_dim) -> (B, L, hidden). Causal over each row, or,
+  // with cu_seqlens, over each packed sample [cu[i], cu[i+1]) of a single row (B = 1).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& cu_seqlens = {}) const;
   std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<parallel::RowParallelLinear> o_proj;
   int64_t num_heads, num_kv_heads, head_dim;
@@ -34,7 +36,8 @@ class TextMlp : public torch::nn::Module {
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const TextConfig& config, const parallel::ParamOptions& options);
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) const;
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& cu_seqlens = {}) const;
   std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<TextAttention> self_attn;
   std::shared_ptr<TextMlp> mlp;
@@ -45,7 +48,9 @@ class TextModel : public torch::nn::Module {
  public:
   TextModel(const TextConfig& config, const parallel::ParamOptions& options);
   // inputs_embeds (B, L, hidden), position_ids (3, B, L) -> hidden states after the final norm.
-  at::Tensor forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids) const;
+  // cu_seqlens: packed samples in one row, as TextAttention takes them.
+  at::Tensor forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids,
+                     const std::vector<int64_t>& cu_seqlens = {}) const;
   std::shared_ptr<parallel::VocabParallelEmbedding> embed_tokens;
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<nn::RMSNorm> norm;

@@ -1,12 +1,25 @@
 #include "loom/models/qwen2_vl/model.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
 #include "loom/util/errors.h"
 
 namespace loom::models {
 
 RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
-                     const at::Tensor& attention_mask, const Qwen2VLConfig& config) {
+                     const at::Tensor& attention_mask, const Qwen2VLConfig& config,
+                     const std::vector<int64_t>& cu_seqlens) {
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
+  if (!cu_seqlens.empty() && (batch != 1 || cu_seqlens.front() != 0 || cu_seqlens.back() != length ||
+                              !std::is_sorted(cu_seqlens.begin(), cu_seqlens.end())))
+    throw ModelError(
+        fmt::format("packed position ids need one row and cu_seqlens rising from 0 to its {} "
+                    "tokens; got {} rows, cu_seqlens {}",
+                    length, batch, fmt::join(cu_seqlens, ",")));
+  std::vector<bool> segment_start(length + 1, false);
+  for (int64_t start : cu_seqlens) segment_start[start] = true;
   const int64_t merge = config.vision.spatial_merge_size;
   auto ids_tensor = input_ids.to(at::kLong).contiguous();
   auto ids = ids_tensor.accessor<int64_t, 2>();
@@ -31,6 +44,10 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
     int64_t max_pos = -1;
     size_t k = 0;
     while (k < real.size()) {
+      if (segment_start[real[k]]) {  // a packed sample starts afresh
+        next = 0;
+        max_pos = -1;
+      }
       const int64_t token = ids[b][real[k]];
       if (token == config.tokens.video)
         throw ModelError("video inputs are not supported by this version of Loom's Qwen2-VL (sample " +
@@ -49,6 +66,10 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
       if (k + count > real.size())
         throw ModelError(fmt::format("sample {}: image {} needs {} image tokens, the sequence ends first", b,
                                      image, count));
+      for (int64_t j = 1; j < count; ++j)
+        if (segment_start[real[k + j]])
+          throw ModelError(fmt::format("packed row: image {} runs past the end of its sample at token {}",
+                                       image, real[k + j]));
       const int64_t start = next;
       for (int64_t ti = 0; ti < t; ++ti)
         for (int64_t hi = 0; hi < h; ++hi)
@@ -65,7 +86,8 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
       next = max_pos + 1;
       ++image;
     }
-    deltas[b][0] = max_pos + 1 - length;
+    // Packed: the last sample's delta, for generation after it.
+    deltas[b][0] = max_pos + 1 - (cu_seqlens.empty() ? length : length - cu_seqlens[cu_seqlens.size() - 2]);
   }
   if (image != grid_tensor.size(0))
     throw ModelError(fmt::format("image_grid_thw has {} images but the input ids hold {} image blocks",
@@ -101,8 +123,9 @@ at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageIn
   }
   at::Tensor positions = in.position_ids;
   if (!positions.defined())
-    positions = rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config).position_ids;
-  return model->forward(embeds, positions);
+    positions =
+        rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config, in.cu_seqlens).position_ids;
+  return model->forward(embeds, positions, in.cu_seqlens);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {

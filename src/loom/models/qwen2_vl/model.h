@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
 #include "loom/models/qwen2_vl/language.h"
@@ -18,6 +19,9 @@ struct VisionLanguageInputs {
   at::Tensor pixel_values;    // (patches, C*T*P*P) or undefined when there are no images
   at::Tensor image_grid_thw;  // (images, 3) int64
   at::Tensor position_ids;    // (3, B, L); undefined = computed with rope_index
+  // Packed samples: input_ids is one row (B = 1) holding samples [cu[i], cu[i+1]); attention
+  // and position ids restart at every sample, as if each ran alone. Empty: one sample per row.
+  std::vector<int64_t> cu_seqlens;
 };
 
 struct RopeIndex {
@@ -27,9 +31,11 @@ struct RopeIndex {
 
 // M-RoPE position ids: text runs count up on all three axes; an image block starting at s takes
 // (s + t, s + row, s + col) over its merged grid; text after it continues at max + 1. Padding
-// (attention_mask 0) gets position 1.
+// (attention_mask 0) gets position 1. With cu_seqlens (a single packed row), positions start again
+// at 0 for every sample, and rope_deltas is the last sample's.
 RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
-                     const at::Tensor& attention_mask, const Qwen2VLConfig& config);
+                     const at::Tensor& attention_mask, const Qwen2VLConfig& config,
+                     const std::vector<int64_t>& cu_seqlens = {});
 
 class Qwen2VLForConditionalGeneration : public torch::nn::Module {
  public:

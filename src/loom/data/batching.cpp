@@ -1,0 +1,79 @@
+#include "loom/data/batching.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "loom/util/errors.h"
+
+namespace loom::data {
+
+SampleCost cost_of(const TokenizedExample& example) {
+  SampleCost cost;
+  cost.tokens = static_cast<int64_t>(example.input_ids.size());
+  for (const VisionInput& image : example.images)
+    cost.patches += image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2];
+  return cost;
+}
+
+std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCost>& costs, int64_t ranks) {
+  const size_t n = costs.size();
+  if (ranks < 1 || n % static_cast<size_t>(ranks) != 0)
+    throw DataError(fmt::format("cannot split {} samples evenly across {} data-parallel ranks", n, ranks));
+  const size_t per_rank = n / static_cast<size_t>(ranks);
+  double total_tokens = 0, total_patches = 0;
+  for (const SampleCost& c : costs) {
+    total_tokens += static_cast<double>(c.tokens);
+    total_patches += static_cast<double>(c.patches);
+  }
+  // Loads as shares of a rank's fair part; a resource nothing uses counts as zero.
+  const double token_unit = total_tokens > 0 ? total_tokens / ranks : 1.0;
+  const double patch_unit = total_patches > 0 ? total_patches / ranks : 1.0;
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto weight = [&](size_t i) { return costs[i].tokens / token_unit + costs[i].patches / patch_unit; };
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return weight(a) > weight(b); });
+
+  std::vector<std::vector<size_t>> assigned(static_cast<size_t>(ranks));
+  std::vector<double> tokens(static_cast<size_t>(ranks), 0.0), patches(static_cast<size_t>(ranks), 0.0);
+  for (size_t i : order) {
+    size_t best = 0;
+    double best_load = 0;
+    bool found = false;
+    for (size_t r = 0; r < assigned.size(); ++r) {
+      if (assigned[r].size() == per_rank) continue;
+      const double load =
+          std::max((tokens[r] + costs[i].tokens) / token_unit, (patches[r] + costs[i].patches) / patch_unit);
+      if (!found || load < best_load) {
+        best = r;
+        best_load = load;
+        found = true;
+      }
+    }
+    assigned[best].push_back(i);
+    tokens[best] += static_cast<double>(costs[i].tokens);
+    patches[best] += static_cast<double>(costs[i].patches);
+  }
+  for (auto& items : assigned) std::sort(items.begin(), items.end());
+  return assigned;
+}
+
+std::vector<Batch> make_micro_batches(std::vector<TokenizedExample> examples, const MicroBatching& options) {
+  const int64_t n = static_cast<int64_t>(examples.size());
+  if (options.micro_batch_size < 1 || n % options.micro_batch_size != 0)
+    throw DataError(
+        fmt::format("cannot cut {} samples into micro-batches of {}", n, options.micro_batch_size));
+  std::stable_sort(examples.begin(), examples.end(),
+                   [](const TokenizedExample& a, const TokenizedExample& b) {
+                     return a.input_ids.size() > b.input_ids.size();
+                   });
+  std::vector<Batch> batches;
+  for (int64_t begin = 0; begin < n; begin += options.micro_batch_size) {
+    std::vector<TokenizedExample> part(
+        std::make_move_iterator(examples.begin() + begin),
+        std::make_move_iterator(examples.begin() + begin + options.micro_batch_size));
+    batches.push_back(options.packing ? pack(part) : collate(part, options.pad_id));
+  }
+  return batches;
+}
+
+}  // namespace loom::data
