@@ -3,7 +3,7 @@ set -euo pipefail
 LOOM=$1
 SRC=$2
 WORK=$(mktemp -d)
-trap 'rm -rf "$WORK"' EXIT
+trap '[ -n "${KEEP_WORK:-}" ] || rm -rf "$WORK"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 # A fast variant of the built-in tiny job for tests.
 small_job() {

@@ -146,14 +146,77 @@ ModelSection read_model(const YamlValue* section, const std::string& source) {
   return m;
 }
 
+// data.datasets / data.eval_datasets: a list of mappings, one per conversation file.
+std::vector<DatasetFile> read_dataset_files(const YamlValue* list, const std::string& key,
+                                            const std::string& source) {
+  std::vector<DatasetFile> files;
+  if (!list || list->kind == YamlValue::Kind::Null) return files;
+  if (list->kind != YamlValue::Kind::Sequence)
+    fail_at(*list, key,
+            fmt::format(
+                "expected a list of {{path: ..., root: ..., weight: ..., fields: {{...}}}} entries, got {}",
+                describe(*list)));
+  static const std::vector<std::string> kFields = {"messages", "images", "videos",    "role",
+                                                   "content",  "user",   "assistant", "system"};
+  for (size_t i = 0; i < list->items.size(); ++i) {
+    const std::string name = fmt::format("{}[{}]", key, i);
+    const SectionReader r(&list->items[i], name, {"path", "root", "weight", "fields"}, source);
+    DatasetFile f;
+    if (!r.get("path")) r.missing("path", "the conversation file: a JSON array or JSON lines");
+    r.read("path", f.path);
+    r.not_empty("path", f.path, "the conversation file: a JSON array or JSON lines");
+    r.read("root", f.root);
+    r.read("weight", f.weight);
+    r.above("weight", f.weight, 0.0);
+    if (const YamlValue* fields = r.get("fields")) {
+      const SectionReader fr(fields, name + ".fields", kFields, source);
+      for (const auto& field : kFields) {
+        std::string value;
+        fr.read(field, value);
+        if (fr.get(field)) {
+          fr.not_empty(field, value, "the key or role name the file uses");
+          f.fields[field] = value;
+        }
+      }
+    }
+    files.push_back(std::move(f));
+  }
+  return files;
+}
+
 DataSection read_data(const YamlValue* section, const std::string& source) {
   const SectionReader r(
       section, "data",
-      {"dataset", "dir", "image_size", "eval_samples", "max_seq_len", "packing", "num_workers", "prefetch"},
+      {"dataset", "tokenizer", "datasets", "eval_datasets", "train_on_prompt", "min_pixels", "max_pixels",
+       "dir", "image_size", "eval_samples", "max_seq_len", "overlong", "packing", "num_workers", "prefetch"},
       source);
   DataSection d;
   r.read("dataset", d.dataset);
-  r.one_of("dataset", d.dataset, {"shapes_vqa", "fashion_mnist"});
+  r.one_of("dataset", d.dataset, {"shapes_vqa", "fashion_mnist", "messages"});
+  const bool messages = d.dataset == "messages";
+  // Keys of the other kind of dataset would be ignored: refuse them.
+  for (const char* key :
+       {"tokenizer", "datasets", "eval_datasets", "train_on_prompt", "min_pixels", "max_pixels"})
+    if (!messages && r.get(key))
+      r.fail(key, fmt::format("is only used by dataset messages, not {}; remove it", d.dataset));
+  for (const char* key : {"dir", "image_size"})
+    if (messages && r.get(key))
+      r.fail(key,
+             "is not used by dataset messages (images are sized by min_pixels and max_pixels); remove it");
+  r.read("tokenizer", d.tokenizer);
+  d.datasets = read_dataset_files(r.get("datasets"), r.key_of("datasets"), source);
+  d.eval_datasets = read_dataset_files(r.get("eval_datasets"), r.key_of("eval_datasets"), source);
+  if (messages) {
+    if (!r.get("tokenizer")) r.missing("tokenizer", "a HuggingFace tokenizer.json or a SentencePiece .model");
+    r.not_empty("tokenizer", d.tokenizer, "a HuggingFace tokenizer.json or a SentencePiece .model");
+    if (d.datasets.empty()) r.missing("datasets", "a list of {path: FILE} conversation files to train on");
+  }
+  r.read("train_on_prompt", d.train_on_prompt);
+  r.read("min_pixels", d.min_pixels);
+  r.at_least("min_pixels", d.min_pixels, int64_t{1});
+  r.read("max_pixels", d.max_pixels);
+  if (d.max_pixels < d.min_pixels)
+    r.fail("max_pixels", fmt::format("must be >= min_pixels ({}), got {}", d.min_pixels, d.max_pixels));
   r.read("dir", d.dir);
   if (!d.dir.empty() && d.dataset == "shapes_vqa")
     r.fail("dir", "is not used by dataset shapes_vqa (it is generated, not read); remove it");
@@ -164,6 +227,8 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
   r.at_least("eval_samples", d.eval_samples, int64_t{1});
   r.read("max_seq_len", d.max_seq_len);
   r.at_least("max_seq_len", d.max_seq_len, int64_t{1});
+  r.read("overlong", d.overlong);
+  r.one_of("overlong", d.overlong, {"drop", "truncate", "error"});
   r.read("packing", d.packing);
   r.read("num_workers", d.num_workers);
   r.at_least("num_workers", d.num_workers, int64_t{0});
@@ -314,10 +379,16 @@ bool operator==(const ModelSection& a, const ModelSection& b) {
   return a.family == b.family && a.hf_config_path == b.hf_config_path && a.hf_config == b.hf_config &&
          a.init_from == b.init_from && a.freeze == b.freeze;
 }
+bool operator==(const DatasetFile& a, const DatasetFile& b) {
+  return a.path == b.path && a.root == b.root && a.weight == b.weight && a.fields == b.fields;
+}
 bool operator==(const DataSection& a, const DataSection& b) {
-  return a.dataset == b.dataset && a.dir == b.dir && a.image_size == b.image_size &&
-         a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len && a.packing == b.packing &&
-         a.num_workers == b.num_workers && a.prefetch == b.prefetch;
+  return a.dataset == b.dataset && a.tokenizer == b.tokenizer && a.datasets == b.datasets &&
+         a.eval_datasets == b.eval_datasets && a.train_on_prompt == b.train_on_prompt &&
+         a.min_pixels == b.min_pixels && a.max_pixels == b.max_pixels && a.dir == b.dir &&
+         a.image_size == b.image_size && a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len &&
+         a.overlong == b.overlong && a.packing == b.packing && a.num_workers == b.num_workers &&
+         a.prefetch == b.prefetch;
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&

@@ -2,6 +2,7 @@
 // tools) plus --set overrides, loaded into structs and validated strictly; see docs/config.md.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -17,15 +18,33 @@ struct ModelSection {
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
 };
 
+// One conversation file of data.datasets / data.eval_datasets (dataset: messages).
+struct DatasetFile {
+  std::string path;     // required: JSON array or JSON lines of {"messages": [...], "images": [...]}
+  std::string root;     // image paths are relative to it; empty = the file's directory
+  double weight = 1.0;  // > 0: its share of the mixed training stream
+  // Names the file uses instead of the defaults, by field: messages, images, videos, role,
+  // content, user, assistant, system (e.g. ShareGPT: messages -> conversations, role -> from).
+  std::map<std::string, std::string> fields;
+};
+
 struct DataSection {
-  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist
-  std::string dir;                     // fashion_mnist's files; empty = the Debian package's
-  int64_t image_size = 56;             // positive multiple of 28
-  int64_t eval_samples = 1000;         // > 0
-  int64_t max_seq_len = 1024;          // > 0
-  bool packing = false;                // micro-batches as one padding-free row (cu_seqlens)
-  int64_t num_workers = 2;             // >= 0
-  int64_t prefetch = 4;                // >= 1
+  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | messages
+  // messages only:
+  std::string tokenizer;                                      // HF tokenizer.json or SentencePiece .model
+  std::vector<DatasetFile> datasets, eval_datasets;           // training mix; held-out files (may be empty)
+  bool train_on_prompt = false;                               // labels on the prompt too, not only replies
+  int64_t min_pixels = 56 * 56, max_pixels = 28 * 28 * 1280;  // Qwen2-VL image processor bounds
+  // shapes_vqa and fashion_mnist only:
+  std::string dir;          // fashion_mnist's files; empty = the Debian package's
+  int64_t image_size = 56;  // positive multiple of 28
+  // every dataset:
+  int64_t eval_samples = 1000;    // > 0
+  int64_t max_seq_len = 1024;     // > 0
+  std::string overlong = "drop";  // drop | truncate | error: a training sample over max_seq_len
+  bool packing = false;           // micro-batches as one padding-free row (cu_seqlens)
+  int64_t num_workers = 2;        // >= 0
+  int64_t prefetch = 4;           // >= 1
 };
 
 struct ParallelSection {
@@ -77,6 +96,7 @@ struct JobConfig {
 
 // Equality of every value; JobConfig's `source` is not compared.
 bool operator==(const ModelSection& a, const ModelSection& b);
+bool operator==(const DatasetFile& a, const DatasetFile& b);
 bool operator==(const DataSection& a, const DataSection& b);
 bool operator==(const ParallelSection& a, const ParallelSection& b);
 bool operator==(const FeaturesSection& a, const FeaturesSection& b);

@@ -54,6 +54,21 @@ void emit_object(std::string& out, const nlohmann::json& object, int indent) {
   }
 }
 
+// data.datasets / data.eval_datasets as a block list, one mapping per file.
+std::string dataset_files(const std::vector<DatasetFile>& files) {
+  if (files.empty()) return " []\n";
+  std::string out = "\n";
+  for (const DatasetFile& f : files) {
+    out += fmt::format("    - path: {}\n      root: {}\n      weight: {}\n", yaml_string(f.path),
+                       yaml_string(f.root), yaml_double(f.weight));
+    std::string fields;
+    for (const auto& [field, name] : f.fields)
+      fields += fmt::format("{}{}: {}", fields.empty() ? "" : ", ", field, yaml_string(name));
+    out += "      fields: {" + fields + "}\n";
+  }
+  return out;
+}
+
 }  // namespace
 
 std::string to_yaml(const JobConfig& c) {
@@ -81,10 +96,20 @@ std::string to_yaml(const JobConfig& c) {
 
   out += "data:\n";
   line("dataset", yaml_string(c.data.dataset));
-  line("dir", yaml_string(c.data.dir));
-  line("image_size", integer(c.data.image_size));
+  if (c.data.dataset == "messages") {
+    line("tokenizer", yaml_string(c.data.tokenizer));
+    out += "  datasets:" + dataset_files(c.data.datasets);
+    out += "  eval_datasets:" + dataset_files(c.data.eval_datasets);
+    line("train_on_prompt", boolean(c.data.train_on_prompt));
+    line("min_pixels", integer(c.data.min_pixels));
+    line("max_pixels", integer(c.data.max_pixels));
+  } else {
+    line("dir", yaml_string(c.data.dir));
+    line("image_size", integer(c.data.image_size));
+  }
   line("eval_samples", integer(c.data.eval_samples));
   line("max_seq_len", integer(c.data.max_seq_len));
+  line("overlong", yaml_string(c.data.overlong));
   line("packing", boolean(c.data.packing));
   line("num_workers", integer(c.data.num_workers));
   line("prefetch", integer(c.data.prefetch));

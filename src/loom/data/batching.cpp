@@ -15,11 +15,34 @@ SampleCost cost_of(const TokenizedExample& example) {
   return cost;
 }
 
+bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision_start_id,
+                      int64_t vision_end_id) {
+  const auto& ids = example.input_ids;
+  if (static_cast<int64_t>(ids.size()) <= max_len) return false;
+  int64_t cut = std::max<int64_t>(max_len, 0);
+  size_t kept_images = 0;
+  for (int64_t i = 0; i < cut; ++i) {
+    if (ids[i] != vision_start_id) continue;
+    const auto end = std::find(ids.begin() + i, ids.end(), vision_end_id);
+    if (end - ids.begin() >= cut) {  // the block does not end before the cut: it goes whole
+      cut = i;
+      break;
+    }
+    ++kept_images;
+    i = end - ids.begin();
+  }
+  example.input_ids.resize(cut);
+  example.labels.resize(cut);
+  if (example.images.size() > kept_images) example.images.resize(kept_images);
+  return true;
+}
+
 std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCost>& costs, int64_t ranks) {
   const size_t n = costs.size();
-  if (ranks < 1 || n % static_cast<size_t>(ranks) != 0)
-    throw DataError(fmt::format("cannot split {} samples evenly across {} data-parallel ranks", n, ranks));
-  const size_t per_rank = n / static_cast<size_t>(ranks);
+  if (ranks < 1 || n < static_cast<size_t>(ranks))
+    throw DataError(
+        fmt::format("cannot split {} samples across {} data-parallel ranks: each needs one", n, ranks));
+  auto room = [&](size_t r) { return n / ranks + (r < n % ranks ? 1 : 0); };
   double total_tokens = 0, total_patches = 0;
   for (const SampleCost& c : costs) {
     total_tokens += static_cast<double>(c.tokens);
@@ -40,7 +63,7 @@ std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCo
     double best_load = 0;
     bool found = false;
     for (size_t r = 0; r < assigned.size(); ++r) {
-      if (assigned[r].size() == per_rank) continue;
+      if (assigned[r].size() == room(r)) continue;
       const double load =
           std::max((tokens[r] + costs[i].tokens) / token_unit, (patches[r] + costs[i].patches) / patch_unit);
       if (!found || load < best_load) {
@@ -59,7 +82,7 @@ std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCo
 
 std::vector<Batch> make_micro_batches(std::vector<TokenizedExample> examples, const MicroBatching& options) {
   const int64_t n = static_cast<int64_t>(examples.size());
-  if (options.micro_batch_size < 1 || n % options.micro_batch_size != 0)
+  if (options.micro_batch_size < 1 || n == 0)
     throw DataError(
         fmt::format("cannot cut {} samples into micro-batches of {}", n, options.micro_batch_size));
   std::stable_sort(examples.begin(), examples.end(),
@@ -68,9 +91,9 @@ std::vector<Batch> make_micro_batches(std::vector<TokenizedExample> examples, co
                    });
   std::vector<Batch> batches;
   for (int64_t begin = 0; begin < n; begin += options.micro_batch_size) {
-    std::vector<TokenizedExample> part(
-        std::make_move_iterator(examples.begin() + begin),
-        std::make_move_iterator(examples.begin() + begin + options.micro_batch_size));
+    const int64_t end = std::min(n, begin + options.micro_batch_size);
+    std::vector<TokenizedExample> part(std::make_move_iterator(examples.begin() + begin),
+                                       std::make_move_iterator(examples.begin() + end));
     batches.push_back(options.packing ? pack(part) : collate(part, options.pad_id));
   }
   return batches;

@@ -16,11 +16,18 @@ struct SampleCost {
 
 SampleCost cost_of(const TokenizedExample& example);
 
-// Splits n items among `ranks` data-parallel ranks, n / ranks each (DataError unless ranks divides
-// n), balancing tokens and patches together. Items are taken by decreasing share of all tokens
-// plus share of all patches (ties: lower index first); each goes to the rank with room whose
-// larger relative load, tokens or patches, is lowest after taking it (ties: lower rank). Every
-// rank's item indices come back in increasing order. Deterministic.
+// Cuts an example to at most max_len tokens without splitting an image: when the cut falls inside
+// a <|vision_start|> ... <|vision_end|> block, it moves to before the block, and the images of
+// removed blocks go too. Labels are cut with the ids. Returns false (example unchanged) when it
+// already fits.
+bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision_start_id,
+                      int64_t vision_end_id);
+
+// Splits n items among `ranks` data-parallel ranks, n / ranks each, the first n % ranks ranks one
+// more (DataError when a rank would get none), balancing tokens and patches together. Items are taken by
+// decreasing share of all tokens plus share of all patches (ties: lower index first); each goes to the rank
+// with room whose larger relative load, tokens or patches, is lowest after taking it (ties: lower rank).
+// Every rank's item indices come back in increasing order. Deterministic.
 std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCost>& costs, int64_t ranks);
 
 struct MicroBatching {
@@ -29,9 +36,10 @@ struct MicroBatching {
   int64_t pad_id = 0;            // padding token of collated rows
 };
 
-// Cuts one rank's samples of a step into micro-batches of micro_batch_size (DataError unless it
-// divides their number): longest first (stable for equal lengths), so each micro-batch holds
-// samples of like length and pads little. The loss is normalised over the whole step, so this
+// Cuts one rank's samples of a step into micro-batches of micro_batch_size, the last one smaller
+// when it does not divide their number (samples dropped as over-long): longest first (stable for
+// equal lengths), so each micro-batch holds samples of like length and pads little. DataError for
+// no samples. The loss is normalised over the whole step, so this
 // grouping does not change what the step computes.
 std::vector<Batch> make_micro_batches(std::vector<TokenizedExample> examples, const MicroBatching& options);
 

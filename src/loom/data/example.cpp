@@ -16,6 +16,7 @@ TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSamp
                                    const Qwen2VLImageOptions& options, bool with_answer) {
   TokenizedExample ex;
   ex.images.push_back(qwen2vl_process_image(sample.image, options));
+  ex.question = sample.question;
   ex.answer = sample.answer;
   ex.question_type = sample.question_type;
   const int64_t image_tokens = merged_token_count(ex.images[0].grid_thw, options.merge_size);
@@ -73,6 +74,7 @@ void add_images(const std::vector<TokenizedExample>& examples, Batch& out) {
   out.pixel_values = pixels.empty() ? at::empty({0, 0}, at::kFloat) : at::cat(pixels, 0).to(at::kFloat);
   out.image_grid_thw = at::tensor(grids, at::kLong).reshape({static_cast<int64_t>(grids.size() / 3), 3});
   for (const TokenizedExample& ex : examples) {
+    out.questions.push_back(ex.question);
     out.answers.push_back(ex.answer);
     out.question_types.push_back(ex.question_type);
   }

@@ -16,10 +16,10 @@ namespace loom::data {
 constexpr int64_t kIgnoreIndex = -100;  // label of a token that carries no loss
 
 struct TokenizedExample {
-  std::vector<int64_t> input_ids, labels;  // labels aligned with input_ids, kIgnoreIndex = no loss
-  std::vector<VisionInput> images;         // in order of their <|image_pad|> runs
-  std::string answer, question_type;
-  int64_t prompt_length = 0;  // tokens before the answer
+  std::vector<int64_t> input_ids, labels;       // labels aligned with input_ids, kIgnoreIndex = no loss
+  std::vector<VisionInput> images;              // in order of their <|image_pad|> runs
+  std::string question, answer, question_type;  // for evaluation and its report
+  int64_t prompt_length = 0;                    // tokens before the answer
 };
 
 // Words of the chat template beyond the specials; a word tokenizer for chat data includes them.
@@ -41,7 +41,7 @@ struct Batch {
   // Packed batches: one row (B = 1) of examples [cu[i], cu[i+1]) back to back, no padding. Empty
   // for a padded batch (one example per row).
   std::vector<int64_t> cu_seqlens;
-  std::vector<std::string> answers, question_types;
+  std::vector<std::string> questions, answers, question_types;  // one per example
 
   bool packed() const { return !cu_seqlens.empty(); }
   // Tokens of each example, in order.

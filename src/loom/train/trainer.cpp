@@ -30,7 +30,7 @@ double seconds_since(Clock::time_point start) {
 }
 
 // Checks that the ids the model was configured with are the tokenizer's.
-void check_token_ids(const models::Qwen2VLConfig& model, const data::WordTokenizer& tokenizer) {
+void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& tokenizer) {
   const std::pair<const char*, std::pair<int64_t, const char*>> ids[] = {
       {"image_token_id", {model.tokens.image, "<|image_pad|>"}},
       {"video_token_id", {model.tokens.video, "<|video_pad|>"}},
@@ -79,6 +79,21 @@ models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
                                         job.source + ": model.hf_config");
 }
 
+// One training step's data: its micro-batches and how many of its samples were over-long.
+struct StepData {
+  std::vector<data::Batch> micro_batches;
+  int64_t truncated = 0, dropped = 0, skipped = 0;
+};
+
+// The id collated rows are padded with: masked out of attention and loss, so any id the model knows.
+int64_t padding_id(const data::Tokenizer& tokenizer) {
+  try {
+    return tokenizer.id("<|endoftext|>");
+  } catch (const DataError&) {
+    return tokenizer.id("<|im_end|>");
+  }
+}
+
 struct Trainer::StepStats {
   double loss = 0, grad_norm = 0;
   int64_t tokens = 0, samples = 0;
@@ -98,8 +113,7 @@ Trainer::Trainer(config::JobConfig job) : job_(std::move(job)) {
   image.patch_size = model_config_.vision.patch_size;
   image.temporal_patch_size = model_config_.vision.temporal_patch_size;
   image.merge_size = model_config_.vision.spatial_merge_size;
-  data_ =
-      std::make_unique<VqaData>(job_.data, models::derive_seed(static_cast<uint64_t>(t.seed), "data"), image);
+  data_ = make_job_data(job_.data, models::derive_seed(static_cast<uint64_t>(t.seed), "data"), image);
   check_token_ids(model_config_, data_->tokenizer());
 
   parallel::ParamOptions options;
@@ -174,7 +188,7 @@ void Trainer::save_checkpoint() {
                                {{"format", "pt"}});
   checkpoint::write_text_file_durable(dir + "/config.json",
                                       models::to_hf_config(model_config_).dump(2) + "\n");
-  data_->tokenizer().save(dir + "/tokenizer.json");
+  data_->save_tokenizer(dir);
   checkpoint::save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_dict());
   nlohmann::json state = {{"step", step_},
                           {"global_batch_size", t.global_batch_size},
@@ -231,12 +245,18 @@ std::optional<EvalResult> Trainer::train() {
       t.steps, t.global_batch_size, accumulation_, t.micro_batch_size);
 
   // One loader item is one step's micro-batches, so the data position is the step.
-  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing,
-                                     data_->tokenizer().id("<|endoftext|>")};
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer())};
   const int64_t global = t.global_batch_size;
-  data::PrefetchLoader<std::vector<data::Batch>> loader(
+  data::PrefetchLoader<StepData> loader(
       [this, batching, global](int64_t step) {
-        return data::make_micro_batches(data_->train_examples(step * global, (step + 1) * global), batching);
+        auto samples = data_->train_examples(step * global, (step + 1) * global);
+        if (samples.examples.empty())
+          throw DataError(
+              fmt::format("step {}: none of its {} samples is usable ({} over data.max_seq_len {} "
+                          "dropped, {} skipped)",
+                          step + 1, global, samples.dropped, job_.data.max_seq_len, samples.skipped));
+        return StepData{data::make_micro_batches(std::move(samples.examples), batching), samples.truncated,
+                        samples.dropped, samples.skipped};
       },
       step_, static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
   ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
@@ -244,15 +264,31 @@ std::optional<EvalResult> Trainer::train() {
   const auto start = Clock::now();
   // Time the steps spent waiting for the loader, over all their time (this run's steps).
   double total_data_wait = 0, total_step_time = 0;
+  int64_t overlong_truncated = 0, overlong_dropped = 0;  // this run's over-long training samples
+  int64_t skipped = 0;                                   // and its unusable ones
   auto log_loader_share = [&] {
-    spdlog::info("loader share of step time: {:.2f}% ({:.2f} s waiting for data in {:.1f} s of steps)",
-                 100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time);
+    spdlog::info(
+        "loader share of step time: {:.2f}% ({:.2f} s waiting for data in {:.1f} s of steps); "
+        "over-long samples: {} truncated, {} dropped; unusable samples skipped: {}",
+        100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time,
+        overlong_truncated, overlong_dropped, skipped);
   };
   while (step_ < t.steps) {
     const auto step_start = Clock::now();
     const double wait_before = loader.wait_seconds();
-    const std::vector<data::Batch> micro_batches = loader.next();
+    const StepData step_data = loader.next();
+    const std::vector<data::Batch>& micro_batches = step_data.micro_batches;
     const double data_wait = loader.wait_seconds() - wait_before;
+    skipped += step_data.skipped;
+    if (step_data.truncated + step_data.dropped > 0) {
+      overlong_truncated += step_data.truncated;
+      overlong_dropped += step_data.dropped;
+      spdlog::warn(
+          "step {}: {} samples over data.max_seq_len {} were {} (this run so far: {} truncated, {} "
+          "dropped)",
+          step_ + 1, step_data.truncated + step_data.dropped, job_.data.max_seq_len,
+          job_.data.overlong == "drop" ? "dropped" : "truncated", overlong_truncated, overlong_dropped);
+    }
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
     auto stats = train_step(micro_batches);
@@ -299,6 +335,10 @@ std::optional<EvalResult> Trainer::train() {
 }
 
 void Trainer::log_eval(const EvalResult& result, MetricsLog& metrics) {
+  if (result.samples == 0) {
+    spdlog::info("step {}: no held-out samples (data.eval_datasets is empty): nothing to evaluate", step_);
+    return;
+  }
   nlohmann::json line = {{"step", step_}, {"eval_accuracy", result.accuracy}};
   std::string by_type;
   for (const auto& [type, acc] : result.per_type) {
@@ -313,9 +353,9 @@ void Trainer::log_eval(const EvalResult& result, MetricsLog& metrics) {
 EvalResult Trainer::evaluate() {
   at::NoGradGuard no_grad;
   constexpr int64_t kBatch = 100;
-  constexpr int64_t kMaxAnswerTokens = 4;
   const auto& tokenizer = data_->tokenizer();
   const int64_t im_end = tokenizer.id("<|im_end|>");
+  const int64_t pad = padding_id(tokenizer);
   EvalResult result;
   std::map<std::string, int64_t> correct_by_type;
   int64_t correct = 0;
@@ -324,15 +364,19 @@ EvalResult Trainer::evaluate() {
     auto batch = data_->eval_prompts(begin, end);
     const int64_t rows = batch.input_ids.size(0);
     auto lengths = batch.sequence_lengths();
+    // Exact match: a prediction longer than the longest reference answer of the batch is wrong
+    // whatever follows, so decoding stops there (one more step for <|im_end|>).
+    int64_t max_new_tokens = 1;
+    for (const auto& answer : batch.answers)
+      max_new_tokens = std::max<int64_t>(max_new_tokens, tokenizer.encode(answer).size() + 1);
     // Room for the answer: right padding, so each row's new token goes at its own length.
-    auto ids = at::cat(
-        {batch.input_ids, at::full({rows, kMaxAnswerTokens}, tokenizer.id("<|endoftext|>"), at::kLong)}, 1);
-    auto mask = at::cat({batch.attention_mask, at::zeros({rows, kMaxAnswerTokens}, at::kLong)}, 1);
+    auto ids = at::cat({batch.input_ids, at::full({rows, max_new_tokens}, pad, at::kLong)}, 1);
+    auto mask = at::cat({batch.attention_mask, at::zeros({rows, max_new_tokens}, at::kLong)}, 1);
     std::vector<std::vector<int64_t>> answers(rows);
     std::vector<bool> finished(rows, false);
     // Image embeddings do not change while decoding: compute them once.
     auto image_embeds = model_->image_embeddings(batch.pixel_values, batch.image_grid_thw);
-    for (int64_t t = 0; t < kMaxAnswerTokens; ++t) {
+    for (int64_t t = 0; t < max_new_tokens; ++t) {
       auto embeds = model_->model->embed_tokens->forward(ids);
       embeds = embeds.masked_scatter((ids == model_config_.tokens.image).unsqueeze(-1),
                                      image_embeds.to(embeds.scalar_type()));
@@ -357,21 +401,12 @@ EvalResult Trainer::evaluate() {
       }
       if (all_done) break;
     }
-    const int64_t vision_end = model_config_.tokens.vision_end;
-    auto prompt_ids = batch.input_ids.accessor<int64_t, 2>();
     for (int64_t r = 0; r < rows; ++r) {
       const auto& type = batch.question_types[r];
       const std::string predicted = tokenizer.decode(answers[r]);
       const bool ok = finished[r] && predicted == batch.answers[r];
-      // The question: the prompt's tokens between the image and the end of the user turn.
-      std::vector<int64_t> question;
-      bool in_question = false;
-      for (int64_t i = 0; i < batch.input_ids.size(1) && prompt_ids[r][i] != im_end; ++i) {
-        if (in_question) question.push_back(prompt_ids[r][i]);
-        in_question = in_question || prompt_ids[r][i] == vision_end;
-      }
       result.predictions.push_back(
-          {tokenizer.decode(question), batch.answers[r], finished[r] ? predicted : predicted + " ...", type});
+          {batch.questions[r], batch.answers[r], finished[r] ? predicted : predicted + " ...", type});
       correct += ok;
       correct_by_type[type] += ok;
       result.per_type_samples[type] += 1;
@@ -398,6 +433,10 @@ void write_predictions(const EvalResult& result, const std::string& path) {
 }
 
 void print_eval(const EvalResult& result) {
+  if (result.samples == 0) {
+    fmt::print("eval: no held-out samples, nothing evaluated\n");
+    return;
+  }
   fmt::print("eval: exact-match accuracy {:.2f}% on {} held-out questions\n", 100 * result.accuracy,
              result.samples);
   for (const auto& [type, acc] : result.per_type)

@@ -10,8 +10,8 @@
 
 #include "loom/config/config.h"
 #include "loom/models/qwen2_vl/model.h"
+#include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
-#include "loom/train/vqa_data.h"
 
 namespace loom::train {
 
@@ -60,7 +60,7 @@ class Trainer {
   config::JobConfig job_;
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
-  std::unique_ptr<VqaData> data_;
+  std::unique_ptr<JobData> data_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;

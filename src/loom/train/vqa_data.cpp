@@ -18,7 +18,7 @@ data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
 }  // namespace
 
 VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image)
-    : seed_(seed), image_options_(image), eval_samples_(data.eval_samples), max_seq_len_(data.max_seq_len) {
+    : seed_(seed), image_options_(image), eval_samples_(data.eval_samples), section_(data) {
   const int64_t factor = image.patch_size * image.merge_size;
   if (factor <= 0 || data.image_size % factor != 0)
     throw ConfigError(
@@ -62,21 +62,26 @@ data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool w
                                             counter_start(seed_, kEpochOrderStream, epoch)));
   }
   auto ex = data::build_vqa_example(tokenizer_, sample_(split, at), image_options_, with_answer);
-  if (static_cast<int64_t>(ex.input_ids.size()) > max_seq_len_) {
-    throw DataError(fmt::format("{} sample {} has {} tokens, more than data.max_seq_len {}",
-                                split == data::Split::train ? "training" : "held-out", at,
-                                ex.input_ids.size(), max_seq_len_));
+  // Held-out samples are never cut or dropped: the evaluation set stays what it says it is.
+  if (split == data::Split::eval && static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len) {
+    throw DataError(fmt::format("held-out sample {} has {} tokens, more than data.max_seq_len {}", at,
+                                ex.input_ids.size(), section_.max_seq_len));
   }
   return ex;
 }
 
-std::vector<data::TokenizedExample> VqaData::train_examples(int64_t begin, int64_t end) const {
-  std::vector<data::TokenizedExample> examples;
-  examples.reserve(std::max<int64_t>(end - begin, 0));
-  for (int64_t i = begin; i < end; ++i)
-    examples.push_back(example(data::Split::train, i, /*with_answer=*/true));
-  return examples;
+TrainSamples VqaData::train_examples(int64_t begin, int64_t end) const {
+  TrainSamples out;
+  out.examples.reserve(std::max<int64_t>(end - begin, 0));
+  for (int64_t i = begin; i < end; ++i) {
+    data::TokenizedExample ex = example(data::Split::train, i, /*with_answer=*/true);
+    if (fit_to_length(ex, section_, tokenizer_, fmt::format("training sample {}", i), out))
+      out.examples.push_back(std::move(ex));
+  }
+  return out;
 }
+
+void VqaData::save_tokenizer(const std::string& dir) const { tokenizer_.save(dir + "/tokenizer.json"); }
 
 data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;

@@ -54,6 +54,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.data.image_size, 84);
   EXPECT_EQ(c.data.eval_samples, 200);
   EXPECT_EQ(c.data.max_seq_len, 512);
+  EXPECT_EQ(c.data.overlong, "truncate");
   EXPECT_TRUE(c.data.packing);
   EXPECT_EQ(c.data.num_workers, 0);
   EXPECT_EQ(c.data.prefetch, 1);
@@ -152,6 +153,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(c.data.image_size, 56);
   EXPECT_EQ(c.data.eval_samples, 1000);
   EXPECT_EQ(c.data.max_seq_len, 1024);
+  EXPECT_EQ(c.data.overlong, "drop");
   EXPECT_FALSE(c.data.packing);
   EXPECT_EQ(c.data.num_workers, 2);
   EXPECT_EQ(c.data.prefetch, 4);
@@ -263,7 +265,7 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_error("model: {family: llama, hf_config: a.json}\ntraining: {steps: 1}\n"),
             "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl");
   EXPECT_EQ(parse_error(kMinimal + "data: {dataset: mnist}\n"),
-            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist");
+            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, messages");
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
@@ -341,9 +343,9 @@ TEST(ParseConfigErrors, ModelShapes) {
 
 TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
-            "job.yaml: data: expected a mapping of keys (dataset, dir, image_size, eval_samples, "
-            "max_seq_len, packing, "
-            "num_workers, prefetch), got '5'");
+            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+            "train_on_prompt, min_pixels, max_pixels, dir, image_size, eval_samples, max_seq_len, overlong, "
+            "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
@@ -446,6 +448,82 @@ TEST(ParseConfig, FashionMnistReadsItsDirectory) {
   EXPECT_EQ(c.data.dir, "/data/fm");
   EXPECT_EQ(c.data.image_size, 28);
   EXPECT_EQ(parse_config(kMinimal, "job.yaml", {}).data.dir, "");
+}
+
+}  // namespace
+}  // namespace loom::config
+
+namespace loom::config {
+namespace {
+
+const std::string kMessages = kMinimal +
+                              "data:\n"
+                              "  dataset: messages\n"
+                              "  tokenizer: tok/tokenizer.json\n"
+                              "  datasets:\n"
+                              "    - {path: a.jsonl, weight: 3}\n"
+                              "    - path: b.jsonl\n"
+                              "      root: /images\n"
+                              "      fields: {messages: conversations, role: from, user: human}\n"
+                              "  eval_datasets: [{path: held_out.json}]\n"
+                              "  train_on_prompt: true\n"
+                              "  min_pixels: 784\n"
+                              "  max_pixels: 50176\n";
+
+TEST(MessagesConfig, ParsesFilesWeightsAndFieldNamesAndRoundTrips) {
+  const JobConfig c = parse_config(kMessages, "job.yaml");
+  EXPECT_EQ(c.data.dataset, "messages");
+  EXPECT_EQ(c.data.tokenizer, "tok/tokenizer.json");
+  ASSERT_EQ(c.data.datasets.size(), 2u);
+  EXPECT_EQ(c.data.datasets[0].path, "a.jsonl");
+  EXPECT_EQ(c.data.datasets[0].root, "");
+  EXPECT_EQ(c.data.datasets[0].weight, 3.0);
+  EXPECT_TRUE(c.data.datasets[0].fields.empty());
+  EXPECT_EQ(c.data.datasets[1].root, "/images");
+  EXPECT_EQ(c.data.datasets[1].weight, 1.0);
+  EXPECT_EQ(c.data.datasets[1].fields,
+            (std::map<std::string, std::string>{
+                {"messages", "conversations"}, {"role", "from"}, {"user", "human"}}));
+  ASSERT_EQ(c.data.eval_datasets.size(), 1u);
+  EXPECT_EQ(c.data.eval_datasets[0].path, "held_out.json");
+  EXPECT_TRUE(c.data.train_on_prompt);
+  EXPECT_EQ(c.data.min_pixels, 784);
+  EXPECT_EQ(c.data.max_pixels, 50176);
+  const JobConfig back = parse_config(to_yaml(c), "job.yaml");
+  EXPECT_TRUE(back == c) << to_yaml(c);
+}
+
+TEST(MessagesConfig, ErrorsNameTheKey) {
+  const std::string base = kMinimal + "data:\n  dataset: messages\n";
+  EXPECT_EQ(
+      parse_error(base + "  datasets: [{path: a.jsonl}]\n"),
+      "job.yaml: missing required key 'data.tokenizer' (a HuggingFace tokenizer.json or a SentencePiece "
+      ".model)");
+  EXPECT_EQ(
+      parse_error(base + "  tokenizer: t.json\n"),
+      "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation files to train "
+      "on)");
+  const std::string with_tok = base + "  tokenizer: t.json\n";
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, weight: 0}]\n")
+                .find("data.datasets[0].weight: must be > 0"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, fields: {speaker: from}}]\n")
+                .find("unknown key 'data.datasets[0].fields.speaker'"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{root: x}]\n")
+                .find("missing required key 'data.datasets[0].path'"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: a.jsonl\n").find("data.datasets: expected a list"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl}]\n  image_size: 56\n")
+                .find("data.image_size: is not used by dataset messages"),
+            std::string::npos);
+  EXPECT_NE(parse_error(kMinimal + "data:\n  dataset: fashion_mnist\n  tokenizer: t.json\n")
+                .find("data.tokenizer: is only used by dataset messages, not fashion_mnist; remove it"),
+            std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl}]\n  min_pixels: 900\n  max_pixels: 800\n")
+                .find("data.max_pixels: must be >= min_pixels (900), got 800"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -82,7 +82,6 @@ TEST(BalanceAcrossRanks, EqualCountsAndLoadsWithinTheLargestItem) {
     EXPECT_LE(worst(tokens, patches), worst(in_order_t, in_order_p)) << ranks << " ranks";
     EXPECT_EQ(balance_across_ranks(costs, ranks), split) << "deterministic";
   }
-  EXPECT_THROW(balance_across_ranks(costs, 3), DataError);
   EXPECT_THROW(balance_across_ranks(costs, 0), DataError);
 }
 
@@ -103,7 +102,10 @@ TEST(MakeMicroBatches, LongestFirstPaddedOrPacked) {
   EXPECT_EQ(packed[0].sequence_lengths(), (std::vector<int64_t>{12, 9, 5, 5}));
   EXPECT_EQ(packed[0].num_target_tokens, 4);
   EXPECT_EQ(packed[0].pixel_values.size(0), 8 + 4);
-  EXPECT_THROW(make_micro_batches(examples, {3, false, 0}), DataError);
+  const auto uneven = make_micro_batches(examples, {3, false, 0});  // after a drop: 3 + 1
+  ASSERT_EQ(uneven.size(), 2u);
+  EXPECT_EQ(uneven[1].answers, (std::vector<std::string>{"5"}));
+  EXPECT_THROW(make_micro_batches({}, {3, false, 0}), DataError);
 }
 
 TEST(Pack, ClearsEachSamplesFirstLabel) {
@@ -116,6 +118,45 @@ TEST(Pack, ClearsEachSamplesFirstLabel) {
   EXPECT_EQ(batch.num_target_tokens, 3);
   EXPECT_TRUE(batch.attention_mask.equal(at::ones({1, 5}, at::kLong)));
   EXPECT_EQ(collate({a, b}, 0).num_target_tokens, 3);
+}
+
+TEST(TruncateExample, CutsTextAndNeverSplitsAnImage) {
+  // ids: 1 [3 5 5 4] 1 1 [3 5 5 5 5 4] 1 ; 3 = vision start, 4 = vision end, two images.
+  TokenizedExample ex;
+  ex.input_ids = {1, 3, 5, 5, 4, 1, 1, 3, 5, 5, 5, 5, 4, 1};
+  ex.labels = {-100, -100, -100, -100, -100, 11, 12, -100, -100, -100, -100, -100, -100, 13};
+  ex.images.resize(2);
+  ex.images[0].grid_thw = {1, 2, 4};
+  ex.images[1].grid_thw = {1, 4, 4};
+
+  TokenizedExample fits = ex;
+  EXPECT_FALSE(truncate_example(fits, 14, 3, 4));
+  EXPECT_EQ(fits.input_ids.size(), 14u);
+
+  TokenizedExample inside = ex;  // a cut at 10 falls in the second image: it goes whole
+  EXPECT_TRUE(truncate_example(inside, 10, 3, 4));
+  EXPECT_EQ(inside.input_ids, (std::vector<int64_t>{1, 3, 5, 5, 4, 1, 1}));
+  EXPECT_EQ(inside.labels, (std::vector<int64_t>{-100, -100, -100, -100, -100, 11, 12}));
+  ASSERT_EQ(inside.images.size(), 1u);
+  EXPECT_EQ(inside.images[0].grid_thw, (std::array<int64_t, 3>{1, 2, 4}));
+
+  TokenizedExample after = ex;  // a cut at 13 keeps both images
+  EXPECT_TRUE(truncate_example(after, 13, 3, 4));
+  EXPECT_EQ(after.input_ids.size(), 13u);
+  EXPECT_EQ(after.images.size(), 2u);
+
+  TokenizedExample first = ex;  // a cut at 3 falls in the first image
+  EXPECT_TRUE(truncate_example(first, 3, 3, 4));
+  EXPECT_EQ(first.input_ids, (std::vector<int64_t>{1}));
+  EXPECT_TRUE(first.images.empty());
+}
+
+TEST(BalanceAcrossRanks, UnevenCountsAfterDrops) {
+  const std::vector<SampleCost> costs = {{5, 0}, {9, 0}, {3, 0}, {7, 0}, {6, 0}};
+  const auto split = balance_across_ranks(costs, 2);
+  EXPECT_EQ(split[0].size(), 3u);  // the first n % ranks ranks take one more
+  EXPECT_EQ(split[1].size(), 2u);
+  EXPECT_THROW(balance_across_ranks({{5, 0}}, 2), DataError);
 }
 
 }  // namespace

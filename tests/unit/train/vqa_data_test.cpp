@@ -21,7 +21,7 @@ config::DataSection fashion(int64_t eval_samples = 100) {
 
 std::vector<std::string> answers(const VqaData& data, int64_t begin, int64_t end) {
   std::vector<std::string> out;
-  for (const auto& ex : data.train_examples(begin, end)) out.push_back(ex.answer);
+  for (const auto& ex : data.train_examples(begin, end).examples) out.push_back(ex.answer);
   return out;
 }
 
@@ -47,12 +47,12 @@ TEST(VqaData, FashionEpochsArePermutationsOfTheTrainingSplit) {
 }
 
 TEST(VqaData, FashionImagesAreProcessedAtImageSize) {
-  const auto examples = VqaData(fashion(), 1).train_examples(0, 2);
+  const auto examples = VqaData(fashion(), 1).train_examples(0, 2).examples;
   ASSERT_EQ(examples.size(), 2u);
   EXPECT_EQ(examples[0].images.at(0).grid_thw, (std::array<int64_t, 3>{1, 2, 2}));  // 28 px / patch 14
   auto d = fashion();
   d.image_size = 56;  // the 28 px photo is scaled up to 56 px: 4 x 4 patches
-  EXPECT_EQ(VqaData(d, 1).train_examples(0, 1).at(0).images.at(0).grid_thw,
+  EXPECT_EQ(VqaData(d, 1).train_examples(0, 1).examples.at(0).images.at(0).grid_thw,
             (std::array<int64_t, 3>{1, 4, 4}));
 }
 
@@ -73,6 +73,52 @@ TEST(VqaData, LimitsAreErrorsNamingTheKey) {
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("held-out sample 0 has "), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("more than data.max_seq_len 8"), std::string::npos) << e.what();
+  }
+}
+
+// Over-long training samples (data.max_seq_len) are dropped, truncated or an error, and counted;
+// held-out ones are always an error. Fashion prompts are 13 tokens plus the answer (1 or 2 words
+// and <|im_end|>): 15 or 16 tokens.
+TEST(VqaData, OverlongTrainingSamplesAreDroppedTruncatedOrAnErrorAndCounted) {
+  auto d = fashion();
+  const auto full = VqaData(d, 3).train_examples(0, 40);
+  ASSERT_EQ(full.examples.size(), 40u);
+  int64_t long_ones = 0;
+  for (const auto& ex : full.examples) long_ones += ex.input_ids.size() > 15;
+  ASSERT_GT(long_ones, 0);
+  ASSERT_LT(long_ones, 40);
+
+  d.max_seq_len = 15;
+  d.overlong = "drop";
+  const auto dropped = VqaData(d, 3).train_examples(0, 40);
+  EXPECT_EQ(dropped.dropped, long_ones);
+  EXPECT_EQ(dropped.truncated, 0);
+  EXPECT_EQ(static_cast<int64_t>(dropped.examples.size()), 40 - long_ones);
+  for (const auto& ex : dropped.examples) EXPECT_LE(ex.input_ids.size(), 15u);
+
+  d.overlong = "truncate";
+  const auto cut = VqaData(d, 3).train_examples(0, 40);
+  EXPECT_EQ(cut.truncated, long_ones);
+  EXPECT_EQ(cut.dropped, 0);
+  ASSERT_EQ(cut.examples.size(), 40u);
+  for (size_t i = 0; i < 40; ++i) {
+    const auto& ex = cut.examples[i];
+    const auto& whole = full.examples[i];
+    const size_t n = std::min<size_t>(whole.input_ids.size(), 15);
+    EXPECT_EQ(ex.input_ids, std::vector<int64_t>(whole.input_ids.begin(), whole.input_ids.begin() + n));
+    EXPECT_EQ(ex.labels, std::vector<int64_t>(whole.labels.begin(), whole.labels.begin() + n));
+    EXPECT_EQ(ex.images.size(), 1u);  // the cut is after the image
+  }
+
+  d.overlong = "error";
+  try {
+    VqaData(d, 3).train_examples(0, 40);
+    FAIL() << "expected a DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("training sample "), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than data.max_seq_len 15 (data.overlong: error)"),
+              std::string::npos)
+        << e.what();
   }
 }
 

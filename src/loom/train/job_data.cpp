@@ -1,0 +1,33 @@
+#include "loom/train/job_data.h"
+
+#include "loom/data/batching.h"
+#include "loom/train/messages_data.h"
+#include "loom/train/vqa_data.h"
+#include "loom/util/errors.h"
+
+namespace loom::train {
+
+std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
+                                       const data::Qwen2VLImageOptions& image) {
+  if (data.dataset == "messages") return std::make_unique<MessagesData>(data, seed, image);
+  return std::make_unique<VqaData>(data, seed, image);
+}
+
+bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
+                   const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts) {
+  const int64_t length = static_cast<int64_t>(example.input_ids.size());
+  if (length <= data.max_seq_len) return true;
+  if (data.overlong == "error")
+    throw DataError(fmt::format("{} has {} tokens, more than data.max_seq_len {} (data.overlong: error)",
+                                what, length, data.max_seq_len));
+  if (data.overlong == "drop") {
+    ++counts.dropped;
+    return false;
+  }
+  data::truncate_example(example, data.max_seq_len, tokenizer.id("<|vision_start|>"),
+                         tokenizer.id("<|vision_end|>"));
+  ++counts.truncated;
+  return true;
+}
+
+}  // namespace loom::train

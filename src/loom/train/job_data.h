@@ -1,0 +1,47 @@
+// The data a job trains and evaluates on, whatever the dataset: a built-in visual question
+// answering set (shapes_vqa, fashion_mnist) or the user's conversation files (messages). Samples
+// are addressed by their index in the training stream, so a resumed run sees the same samples.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/config/config.h"
+#include "loom/data/example.h"
+#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/tokenizer/tokenizer.h"
+
+namespace loom::train {
+
+// Training samples [begin, end) of the stream, less those left out, with how many were.
+struct TrainSamples {
+  std::vector<data::TokenizedExample> examples;
+  int64_t truncated = 0, dropped = 0;  // over data.max_seq_len, as data.overlong says
+  int64_t skipped = 0;                 // unusable (missing or corrupt image); the data's skip log names them
+};
+
+class JobData {
+ public:
+  virtual ~JobData() = default;
+  virtual const data::Tokenizer& tokenizer() const = 0;
+  // Puts the tokenizer into a checkpoint directory, in a form load_tokenizer reads back.
+  virtual void save_tokenizer(const std::string& dir) const = 0;
+  // Safe to call from several threads at once.
+  virtual TrainSamples train_examples(int64_t begin, int64_t end) const = 0;
+  // Held-out samples [begin, end) as generation prompts: answers, questions and question types
+  // kept for scoring. eval_samples() may be 0: nothing held out.
+  virtual data::Batch eval_prompts(int64_t begin, int64_t end) const = 0;
+  virtual int64_t eval_samples() const = 0;
+};
+
+// What the job's data section asks for; `image` carries the model's patch geometry.
+std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
+                                       const data::Qwen2VLImageOptions& image);
+
+// Applies data.max_seq_len to a training example as data.overlong says: false when the example is
+// dropped; truncates it in place (never inside an image) and counts it; DataError naming `what`
+// for overlong: error.
+bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
+                   const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts);
+
+}  // namespace loom::train

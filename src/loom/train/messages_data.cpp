@@ -1,0 +1,155 @@
+#include "loom/train/messages_data.h"
+
+#include <spdlog/spdlog.h>
+
+#include <filesystem>
+#include <set>
+#include <utility>
+
+#include "loom/util/errors.h"
+
+namespace loom::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+data::DatasetSpec spec_of(const config::DatasetFile& file) {
+  data::DatasetSpec spec;
+  spec.path = file.path;
+  spec.root = file.root;
+  spec.weight = file.weight;
+  data::FieldNames& f = spec.fields;
+  for (const auto& [field, name] : file.fields) {
+    std::string* slot = field == "messages"    ? &f.messages
+                        : field == "images"    ? &f.images
+                        : field == "videos"    ? &f.videos
+                        : field == "role"      ? &f.role
+                        : field == "content"   ? &f.content
+                        : field == "user"      ? &f.user
+                        : field == "assistant" ? &f.assistant
+                        : field == "system"    ? &f.system
+                                               : nullptr;
+    if (!slot) throw ConfigError(fmt::format("{}: unknown field '{}' in fields", file.path, field));
+    *slot = name;
+  }
+  return spec;
+}
+
+std::string last_user_message(const data::Conversation& conversation) {
+  for (auto it = conversation.messages.rbegin(); it != conversation.messages.rend(); ++it)
+    if (it->role == data::Role::user) return it->content;
+  return "";
+}
+
+constexpr size_t kWarnedSkips = 20;  // skipped samples named in the log; the rest are counted
+
+}  // namespace
+
+MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
+                           const data::Qwen2VLImageOptions& image)
+    : section_(data),
+      tokenizer_path_(data.tokenizer),
+      tokenizer_(data::load_tokenizer(data.tokenizer)),
+      // Called under the log's lock. A sample is named once, however many epochs skip it again.
+      skips_(64, [seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](
+                     const data::SkipRecord& record) {
+        if (seen->size() > kWarnedSkips || !seen->insert({record.file, record.sample_index}).second) return;
+        if (seen->size() <= kWarnedSkips)
+          spdlog::warn("{}", record.message());
+        else
+          spdlog::warn("further skipped samples are counted, not named");
+      }) {
+  data::ChatTemplateOptions options;
+  options.train_on_prompt = data.train_on_prompt;
+  options.image = image;
+  options.image.min_pixels = data.min_pixels;
+  options.image.max_pixels = data.max_pixels;
+  template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
+  options.generation_prompt = true;
+  prompt_template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
+
+  std::vector<data::DatasetSpec> specs;
+  for (const auto& file : data.datasets) specs.push_back(spec_of(file));
+  train_ = std::make_unique<data::ConversationMix>(specs, seed, skips_);
+  for (const auto& file : data.eval_datasets) {
+    auto samples = data::read_conversations(spec_of(file), skips_);
+    eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
+                 std::make_move_iterator(samples.end()));
+  }
+  if (!data.eval_datasets.empty()) {
+    if (data.eval_samples > static_cast<int64_t>(eval_.size()))
+      throw ConfigError(
+          fmt::format("data.eval_samples: {} is more than the {} usable held-out samples of "
+                      "data.eval_datasets",
+                      data.eval_samples, eval_.size()));
+    eval_samples_ = data.eval_samples;
+  }
+  try {
+    pad_id_ = tokenizer_->id("<|endoftext|>");
+  } catch (const DataError&) {
+    pad_id_ = tokenizer_->id("<|im_end|>");  // padding is masked out: any id the model knows will do
+  }
+  spdlog::info(
+      "data: {} training conversations in {} files ({} per epoch of the mix), {} held out; {} "
+      "samples skipped while reading",
+      [&] {
+        int64_t n = 0;
+        for (size_t d = 0; d < train_->dataset_count(); ++d) n += train_->dataset_size(d);
+        return n;
+      }(),
+      data.datasets.size(), train_->size(), eval_.size(), skips_.counts().total());
+}
+
+void MessagesData::save_tokenizer(const std::string& dir) const {
+  const fs::path target = fs::path(dir) / fs::path(tokenizer_path_).filename();
+  std::error_code error;
+  fs::copy_file(tokenizer_path_, target, fs::copy_options::overwrite_existing, error);
+  if (error)
+    throw DataError(fmt::format("cannot copy the tokenizer {} to {}: {}", tokenizer_path_, target.string(),
+                                error.message()));
+}
+
+TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
+  TrainSamples out;
+  for (int64_t i = begin; i < end; ++i) {
+    const data::Conversation& conversation = train_->sample(i);
+    auto built = template_->build(conversation, skips_);
+    if (!built) {
+      ++out.skipped;
+      continue;
+    }
+    data::TokenizedExample ex = built->to_tokenized_example();
+    ex.question = last_user_message(conversation);
+    ex.question_type = fs::path(conversation.source).filename().string();
+    if (fit_to_length(ex, section_, *tokenizer_,
+                      fmt::format("sample {} of {}", conversation.index, conversation.source), out))
+      out.examples.push_back(std::move(ex));
+  }
+  return out;
+}
+
+data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {
+  std::vector<data::TokenizedExample> examples;
+  for (int64_t i = begin; i < end; ++i) {
+    const data::Conversation& conversation = eval_.at(static_cast<size_t>(i));
+    data::SkipLog problems;
+    auto built = prompt_template_->build(conversation, problems);
+    if (!built) {
+      const data::SkipRecord& problem = problems.records().at(0);
+      throw DataError(fmt::format("held-out sample {} of {} cannot be used ({}): {}", problem.sample_index,
+                                  problem.file, data::skip_kind_name(problem.kind), problem.reason));
+    }
+    data::TokenizedExample ex = built->to_tokenized_example();
+    ex.question = last_user_message(conversation);
+    ex.question_type = fs::path(conversation.source).filename().string();
+    if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
+      throw DataError(
+          fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",
+                      conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
+    examples.push_back(std::move(ex));
+  }
+  return data::collate(examples, pad_id_);
+}
+
+}  // namespace loom::train

@@ -1,0 +1,47 @@
+// The user's conversation files as a job's data (dataset: messages): a weighted mix of JSON /
+// JSON-lines files read with the configured field names, tokenized with a HuggingFace or
+// SentencePiece tokenizer through Qwen2-VL's chat template, images decoded and processed by the
+// Qwen2-VL image processor. Unusable samples are skipped, counted and named in warnings.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/config/config.h"
+#include "loom/data/chat_template.h"
+#include "loom/data/conversation.h"
+#include "loom/train/job_data.h"
+
+namespace loom::train {
+
+class MessagesData : public JobData {
+ public:
+  // Reads every training and held-out file now (bad samples are skipped and counted); ConfigError
+  // when data.eval_samples is more than the usable held-out samples.
+  MessagesData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image);
+
+  const data::Tokenizer& tokenizer() const override { return *tokenizer_; }
+  // Copies the tokenizer file into the directory under its own name.
+  void save_tokenizer(const std::string& dir) const override;
+  // Skipped samples (missing or corrupt images) are left out and counted in `skipped`.
+  TrainSamples train_examples(int64_t begin, int64_t end) const override;
+  // The question is the last user message and the question type the sample's file name, so
+  // accuracy is reported per held-out file. DataError naming the sample for an unusable one.
+  data::Batch eval_prompts(int64_t begin, int64_t end) const override;
+  int64_t eval_samples() const override { return eval_samples_; }
+
+  data::SkipCounts skip_counts() const { return skips_.counts(); }
+
+ private:
+  config::DataSection section_;
+  std::string tokenizer_path_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  mutable data::SkipLog skips_;  // thread-safe; recording a skip does not change the data
+  std::unique_ptr<data::ConversationMix> train_;
+  std::vector<data::Conversation> eval_;
+  int64_t eval_samples_ = 0;
+  std::unique_ptr<data::ChatTemplate> template_, prompt_template_;
+  int64_t pad_id_ = 0;
+};
+
+}  // namespace loom::train

@@ -1,0 +1,95 @@
+# Training on the user's conversation files (data.dataset: messages): a JSONL file in the
+# messages layout mixed with a ShareGPT-style file read through field names, a hand-made byte-level
+# BPE tokenizer with Qwen2-VL's special tokens, images decoded from PNG and JPEG. Samples with a
+# corrupt or a missing image are skipped and counted, a warning naming each once; a tiny model learns
+# the replies (exact match on the held-out file), and the checkpoint carries the tokenizer.
+source "$(dirname "$0")/lib.bash"
+FIX="$SRC/tests/fixtures/conversations"
+cat > "$WORK/train.jsonl" <<'JSONL'
+{"messages": [{"role": "user", "content": "<image>Shape?"}, {"role": "assistant", "content": "square"}], "images": ["images/red.png"]}
+{"messages": [{"role": "system", "content": "Short answers."}, {"role": "user", "content": "Sky<image>"}, {"role": "assistant", "content": "blue"}], "images": ["images/sky.jpg"]}
+{"messages": [{"role": "user", "content": "Say ok."}, {"role": "assistant", "content": "ok"}]}
+{"messages": [{"role": "user", "content": "<image>Tone?"}, {"role": "assistant", "content": "grey"}], "images": ["images/grey.png"]}
+{"messages": [{"role": "user", "content": "<image>Broken?"}, {"role": "assistant", "content": "no"}], "images": ["images/corrupt.jpg"]}
+{"messages": [{"role": "user", "content": "<image>Gone?"}, {"role": "assistant", "content": "no"}], "images": ["images/missing.png"]}
+JSONL
+cat > "$WORK/sharegpt.jsonl" <<'JSONL'
+{"conversations": [{"from": "human", "value": "<image>Red?"}, {"from": "gpt", "value": "yes"}], "pictures": ["images/red.png"]}
+{"conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Hello!"}]}
+JSONL
+# The held-out file: the usable samples of both, in the messages layout.
+{ head -n 4 "$WORK/train.jsonl"
+  echo '{"messages": [{"role": "user", "content": "<image>Red?"}, {"role": "assistant", "content": "yes"}], "images": ["images/red.png"]}'
+  echo '{"messages": [{"role": "user", "content": "Hello"}, {"role": "assistant", "content": "Hello!"}]}'
+} > "$WORK/eval.jsonl"
+cat > "$WORK/job.yaml" <<YAML
+model:
+  family: qwen2_vl
+  hf_config:
+    model_type: qwen2_vl
+    vocab_size: 267
+    hidden_size: 64
+    intermediate_size: 128
+    num_hidden_layers: 2
+    num_attention_heads: 4
+    num_key_value_heads: 2
+    tie_word_embeddings: true
+    rope_scaling: {type: mrope, mrope_section: [2, 3, 3]}
+    vision_start_token_id: 263
+    vision_end_token_id: 264
+    image_token_id: 265
+    video_token_id: 266
+    vision_config: {depth: 1, embed_dim: 32, num_heads: 2, mlp_ratio: 2, hidden_size: 64}
+data:
+  dataset: messages
+  tokenizer: $FIX/chatml_bpe_tokenizer.json
+  datasets:
+    - {path: $WORK/train.jsonl, root: $FIX, weight: 3.0}
+    - path: $WORK/sharegpt.jsonl
+      root: $FIX
+      weight: 1.0
+      fields: {messages: conversations, images: pictures, role: from, content: value, user: human, assistant: gpt}
+  eval_datasets:
+    - {path: $WORK/eval.jsonl, root: $FIX}
+  eval_samples: 6
+  max_pixels: 3136
+  packing: true
+training:
+  steps: 150
+  global_batch_size: 8
+  micro_batch_size: 4
+  lr: 3.0e-3
+  warmup_steps: 10
+  threads: 2
+  output_dir: $WORK/run
+tools:
+  progress_bar: false
+  log_every: 50
+YAML
+"$LOOM" train "$WORK/job.yaml" > "$WORK/train.log" 2>&1 || { cat "$WORK/train.log"; fail train; }
+python3 - "$WORK" <<'PY'
+import json, re, sys
+work = sys.argv[1]
+log = open(f"{work}/train.log").read()
+# An epoch of the mix is the 8 samples of both files: 6 positions for train.jsonl (weight 3), 2 for
+# sharegpt.jsonl; a global batch of 8 is one epoch, so every step visits both bad samples once.
+m = re.search(r"unusable samples skipped: (\d+)", log)
+assert m and int(m.group(1)) == 2 * 150, (m and m.group(0), log[-2000:])
+assert re.search(r"skipped sample 4 of \S*train.jsonl \(corrupt image\)", log), log[-3000:]
+assert re.search(r"skipped sample 5 of \S*train.jsonl \(missing image\): image file \S*missing.png does not exist", log), log[-3000:]
+# Each bad sample is named once, however many steps skip it again.
+assert len(re.findall(r"skipped sample 4 of", log)) == 1 and len(re.findall(r"skipped sample 5 of", log)) == 1, log[-3000:]
+m = re.search(r"eval: exact-match accuracy ([0-9.]+)% on 6 held-out questions", log)
+assert m and float(m.group(1)) == 100.0, (m and m.group(0), log[-1500:])
+PY
+[ -f "$WORK/run/step-00000150/chatml_bpe_tokenizer.json" ] || fail "the checkpoint lacks the tokenizer"
+"$LOOM" eval "$WORK/job.yaml" --checkpoint "$WORK/run/step-00000150" --predictions "$WORK/predictions.jsonl" \
+  > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail eval; }
+python3 - "$WORK/predictions.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(line) for line in open(sys.argv[1])]
+assert [r["answer"] for r in rows] == ["square", "blue", "ok", "grey", "yes", "Hello!"], rows
+assert all(r["predicted"] == r["answer"] for r in rows), rows
+assert rows[1]["question"] == "Sky<image>" and rows[0]["question_type"] == "eval.jsonl", rows
+PY
+echo "messages: trained on a mixed conversation set, skipped and counted the bad samples, learned every reply"
