@@ -1,6 +1,7 @@
 // The loom command line: train, eval, forward, shapes, data tokenize.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
+#include <malloc.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +36,21 @@ void ensure_passive_openmp(char** argv) {
   if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
   setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
   execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
+}
+
+// A training step frees and reallocates the same tensors over and over. glibc's defaults give
+// blocks over 128 KiB their own mmap and hand freed heap top back to the kernel, so every step pays
+// page faults and zeroing for memory it just returned (half the CPU time was kernel time on the
+// 2-core machine). Keeping freed memory in the process, as PyTorch's caching allocators do on
+// GPUs, made a tiny Qwen2-VL step 20% faster there. A user's own MALLOC_* settings win.
+void keep_freed_memory() {
+#ifdef __GLIBC__
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_"})
+    if (std::getenv(name) != nullptr) return;
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's largest: blocks up to 32 MiB come from the heap
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);   // give the heap top back only beyond 1 GiB free
+  mallopt(M_TOP_PAD, 256 << 20);        // and grow it in 256 MiB steps
+#endif
 }
 
 // Keeps OpenBLAS's own thread pool at the thread count ATen uses.
@@ -239,6 +255,7 @@ int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generati
 
 int main(int argc, char** argv) {
   ensure_passive_openmp(argv);
+  keep_freed_memory();
   CLI::App app{"Loom: trains multimodal models from one binary"};
   app.require_subcommand(1);
   std::string log_level = "info";

@@ -80,6 +80,19 @@ std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCo
   return assigned;
 }
 
+std::vector<Batch> rank_micro_batches(std::vector<TokenizedExample> step_samples,
+                                      const MicroBatching& options) {
+  if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks)
+    throw DataError(fmt::format("data-parallel rank {} is not one of {} ranks", options.rank, options.ranks));
+  std::vector<SampleCost> costs;
+  costs.reserve(step_samples.size());
+  for (const TokenizedExample& ex : step_samples) costs.push_back(cost_of(ex));
+  std::vector<TokenizedExample> mine;
+  const auto shares = balance_across_ranks(costs, options.ranks);
+  for (size_t i : shares[static_cast<size_t>(options.rank)]) mine.push_back(std::move(step_samples[i]));
+  return make_micro_batches(std::move(mine), options);
+}
+
 std::vector<Batch> make_micro_batches(std::vector<TokenizedExample> examples, const MicroBatching& options) {
   const int64_t n = static_cast<int64_t>(examples.size());
   if (options.micro_batch_size < 1 || n == 0)

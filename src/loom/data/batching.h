@@ -34,7 +34,13 @@ struct MicroBatching {
   int64_t micro_batch_size = 1;  // samples per micro-batch
   bool packing = false;          // pack() each micro-batch instead of collate()
   int64_t pad_id = 0;            // padding token of collated rows
+  int64_t rank = 0, ranks = 1;   // this data-parallel rank, of how many
 };
+
+// One step's samples on data-parallel rank options.rank: its share by balance_across_ranks, cut
+// into micro-batches by make_micro_batches.
+std::vector<Batch> rank_micro_batches(std::vector<TokenizedExample> step_samples,
+                                      const MicroBatching& options);
 
 // Cuts one rank's samples of a step into micro-batches of micro_batch_size, the last one smaller
 // when it does not divide their number (samples dropped as over-long): longest first (stable for

@@ -245,7 +245,9 @@ std::optional<EvalResult> Trainer::train() {
       t.steps, t.global_batch_size, accumulation_, t.micro_batch_size);
 
   // One loader item is one step's micro-batches, so the data position is the step.
-  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer())};
+  // One process: data-parallel rank 0 of 1, which takes every sample of the step.
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()), 0,
+                                     1};
   const int64_t global = t.global_batch_size;
   data::PrefetchLoader<StepData> loader(
       [this, batching, global](int64_t step) {
@@ -255,7 +257,7 @@ std::optional<EvalResult> Trainer::train() {
               fmt::format("step {}: none of its {} samples is usable ({} over data.max_seq_len {} "
                           "dropped, {} skipped)",
                           step + 1, global, samples.dropped, job_.data.max_seq_len, samples.skipped));
-        return StepData{data::make_micro_batches(std::move(samples.examples), batching), samples.truncated,
+        return StepData{data::rank_micro_batches(std::move(samples.examples), batching), samples.truncated,
                         samples.dropped, samples.skipped};
       },
       step_, static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));

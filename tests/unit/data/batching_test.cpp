@@ -159,5 +159,29 @@ TEST(BalanceAcrossRanks, UnevenCountsAfterDrops) {
   EXPECT_THROW(balance_across_ranks({{5, 0}}, 2), DataError);
 }
 
+TEST(RankMicroBatches, EachRankTakesItsBalancedShare) {
+  std::vector<TokenizedExample> step;
+  for (int64_t tokens : {30, 8, 21, 12, 17, 25}) step.push_back(example(tokens, 2, 2));
+  std::vector<std::string> seen;
+  int64_t tokens_of[2] = {0, 0};
+  for (int64_t rank : {0, 1}) {
+    const auto batches = rank_micro_batches(step, {2, true, 0, rank, 2});
+    ASSERT_EQ(batches.size(), 2u) << rank;  // 3 samples in micro-batches of 2: 2 + 1
+    for (const Batch& b : batches) {
+      seen.insert(seen.end(), b.answers.begin(), b.answers.end());
+      tokens_of[rank] += b.input_ids.size(1);
+    }
+  }
+  std::sort(seen.begin(), seen.end());
+  EXPECT_EQ(seen, (std::vector<std::string>{"12", "17", "21", "25", "30", "8"}));
+  // Every sample has 4 patches, so tokens decide (fair part 56.5). Largest first, each to the rank
+  // that stays lighter: 30 -> r0 (tie), 25 -> r1, 21 -> r1 (51 vs 46), 17 -> r0 (47 vs 63),
+  // 12 -> r1 (59 vs 58; r1 full after), 8 -> r0: 55 and 58 tokens, where a split in order gives
+  // 59 and 54.
+  EXPECT_EQ(tokens_of[0], 55);
+  EXPECT_EQ(tokens_of[1], 58);
+  EXPECT_THROW(rank_micro_batches(step, {2, true, 0, 2, 2}), DataError);
+}
+
 }  // namespace
 }  // namespace loom::data
