@@ -47,16 +47,6 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
                                   model.text.vocab_size, tokenizer.vocab_size()));
 }
 
-models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
-  models::VisionLanguageInputs in;
-  in.input_ids = batch.input_ids;
-  in.attention_mask = batch.attention_mask;
-  in.pixel_values = batch.pixel_values;
-  in.image_grid_thw = batch.image_grid_thw;
-  in.cu_seqlens = batch.cu_seqlens;
-  return in;
-}
-
 // Sum of next-token cross-entropy over labelled positions (labels aligned with inputs).
 at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t length = logits.size(1), vocab = logits.size(2);
@@ -66,6 +56,16 @@ at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
 }
 
 }  // namespace
+
+models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
+  models::VisionLanguageInputs in;
+  in.input_ids = batch.input_ids;
+  in.attention_mask = batch.attention_mask;
+  in.pixel_values = batch.pixel_values;
+  in.image_grid_thw = batch.image_grid_thw;
+  in.cu_seqlens = batch.cu_seqlens;
+  return in;
+}
 
 models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
   if (!job.model.hf_config_path.empty()) {

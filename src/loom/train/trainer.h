@@ -33,6 +33,9 @@ class MetricsLog;
 // The model architecture a job asks for (model.hf_config as a path or inline fields).
 models::Qwen2VLConfig job_model_config(const config::JobConfig& job);
 
+// A collated or packed batch as the model's inputs.
+models::VisionLanguageInputs model_inputs(const data::Batch& batch);
+
 class Trainer {
  public:
   explicit Trainer(config::JobConfig job);

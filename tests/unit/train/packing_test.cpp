@@ -7,6 +7,7 @@
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
+#include "loom/train/trainer.h"
 
 namespace loom::train {
 namespace {
@@ -61,16 +62,6 @@ std::vector<data::TokenizedExample> examples(const data::WordTokenizer& tokenize
   return out;
 }
 
-models::VisionLanguageInputs inputs(const data::Batch& batch) {
-  models::VisionLanguageInputs in;
-  in.input_ids = batch.input_ids;
-  in.attention_mask = batch.attention_mask;
-  in.pixel_values = batch.pixel_values;
-  in.image_grid_thw = batch.image_grid_thw;
-  in.cu_seqlens = batch.cu_seqlens;
-  return in;
-}
-
 // Next-token cross-entropy of every position of a (1, L) or (B, L) batch: (B, L - 1).
 at::Tensor token_losses(const at::Tensor& logits, const at::Tensor& labels) {
   const int64_t length = logits.size(1);
@@ -90,7 +81,7 @@ Result run(models::Qwen2VLForConditionalGeneration& model, const std::vector<dat
   Result r;
   model.zero_grad();
   for (const data::Batch& batch : batches) {
-    auto losses = token_losses(model.forward(inputs(batch)), batch.labels);
+    auto losses = token_losses(model.forward(model_inputs(batch)), batch.labels);
     if (batch.packed()) {
       for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
         // Predictions made at tokens cu[s] .. cu[s+1]-2 of the row belong to sample s.
