@@ -13,6 +13,14 @@ std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t
   return std::make_unique<VqaData>(data, seed, image);
 }
 
+int64_t padding_id(const data::Tokenizer& tokenizer) {
+  try {
+    return tokenizer.id("<|endoftext|>");
+  } catch (const DataError&) {
+    return tokenizer.id("<|im_end|>");
+  }
+}
+
 bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
                    const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts) {
   const int64_t length = static_cast<int64_t>(example.input_ids.size());

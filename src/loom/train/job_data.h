@@ -38,6 +38,10 @@ class JobData {
 std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
                                        const data::Qwen2VLImageOptions& image);
 
+// The id collated rows are padded with: <|endoftext|>, or <|im_end|> for a tokenizer without it.
+// Padding is masked out of attention and loss, so any id the model knows will do.
+int64_t padding_id(const data::Tokenizer& tokenizer);
+
 // Applies data.max_seq_len to a training example as data.overlong says: false when the example is
 // dropped; truncates it in place (never inside an image) and counts it; DataError naming `what`
 // for overlong: error.

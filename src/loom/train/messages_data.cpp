@@ -42,6 +42,16 @@ std::string last_user_message(const data::Conversation& conversation) {
   return "";
 }
 
+// The templated conversation as an example, with its question (the last user message) and its
+// question type (its file's name) for the evaluation report.
+data::TokenizedExample to_example(const data::ConversationExample& built,
+                                  const data::Conversation& conversation) {
+  data::TokenizedExample ex = built.to_tokenized_example();
+  ex.question = last_user_message(conversation);
+  ex.question_type = fs::path(conversation.source).filename().string();
+  return ex;
+}
+
 constexpr size_t kWarnedSkips = 20;  // skipped samples named in the log; the rest are counted
 
 }  // namespace
@@ -85,11 +95,7 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
                       data.eval_samples, eval_.size()));
     eval_samples_ = data.eval_samples;
   }
-  try {
-    pad_id_ = tokenizer_->id("<|endoftext|>");
-  } catch (const DataError&) {
-    pad_id_ = tokenizer_->id("<|im_end|>");  // padding is masked out: any id the model knows will do
-  }
+  pad_id_ = padding_id(*tokenizer_);
   spdlog::info(
       "data: {} training conversations in {} files ({} per epoch of the mix), {} held out; {} "
       "samples skipped while reading",
@@ -119,9 +125,7 @@ TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
       ++out.skipped;
       continue;
     }
-    data::TokenizedExample ex = built->to_tokenized_example();
-    ex.question = last_user_message(conversation);
-    ex.question_type = fs::path(conversation.source).filename().string();
+    data::TokenizedExample ex = to_example(*built, conversation);
     if (fit_to_length(ex, section_, *tokenizer_,
                       fmt::format("sample {} of {}", conversation.index, conversation.source), out))
       out.examples.push_back(std::move(ex));
@@ -140,9 +144,7 @@ data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {
       throw DataError(fmt::format("held-out sample {} of {} cannot be used ({}): {}", problem.sample_index,
                                   problem.file, data::skip_kind_name(problem.kind), problem.reason));
     }
-    data::TokenizedExample ex = built->to_tokenized_example();
-    ex.question = last_user_message(conversation);
-    ex.question_type = fs::path(conversation.source).filename().string();
+    data::TokenizedExample ex = to_example(*built, conversation);
     if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
       throw DataError(
           fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",

@@ -30,8 +30,6 @@ class MessagesData : public JobData {
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
 
-  data::SkipCounts skip_counts() const { return skips_.counts(); }
-
  private:
   config::DataSection section_;
   std::string tokenizer_path_;

@@ -85,15 +85,6 @@ struct StepData {
   int64_t truncated = 0, dropped = 0, skipped = 0;
 };
 
-// The id collated rows are padded with: masked out of attention and loss, so any id the model knows.
-int64_t padding_id(const data::Tokenizer& tokenizer) {
-  try {
-    return tokenizer.id("<|endoftext|>");
-  } catch (const DataError&) {
-    return tokenizer.id("<|im_end|>");
-  }
-}
-
 struct Trainer::StepStats {
   double loss = 0, grad_norm = 0;
   int64_t tokens = 0, samples = 0;

@@ -87,7 +87,7 @@ data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
   for (int64_t i = begin; i < end; ++i)
     examples.push_back(example(data::Split::eval, i, /*with_answer=*/false));
-  return data::collate(examples, tokenizer_.id("<|endoftext|>"));
+  return data::collate(examples, padding_id(tokenizer_));
 }
 
 }  // namespace loom::train
