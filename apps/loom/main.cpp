@@ -1,4 +1,4 @@
-// The loom command line: train, eval, forward, shapes, data tokenize.
+// The loom command line: train, eval, run, forward, shapes, data tokenize.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
@@ -18,6 +18,9 @@
 #include "loom/data/image/decode.h"
 #include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
+#include "loom/dist/comm.h"
+#include "loom/dist/launch_env.h"
+#include "loom/dist/launcher.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/train/trainer.h"
@@ -277,6 +280,18 @@ int main(int argc, char** argv) {
   eval->add_option("--predictions", predictions_path,
                    "Write each question, its answer and the model's answer as JSON lines to this file");
 
+  dist::LaunchOptions launch_options;
+  std::vector<std::string> run_command;
+  auto* run = app.add_subcommand(
+      "run", "Start N processes of a data-parallel job on this node: loom run -n N -- loom train job.yaml");
+  run->add_option("-n,--nproc-per-node", launch_options.nproc_per_node, "Processes on this node")->required();
+  run->add_option("--nnodes", launch_options.nnodes, "Nodes in the job (default 1)");
+  run->add_option("--node-rank", launch_options.node_rank, "This node's index, 0 to nnodes-1 (default 0)");
+  run->add_option("--master-addr", launch_options.master_addr, "Address of node 0 (default 127.0.0.1)");
+  run->add_option("--master-port", launch_options.master_port,
+                  "Rendezvous port on node 0 (default: a free port for one node, 29500 for several)");
+  run->add_option("command", run_command, "The command each process runs, after --")->required();
+
   auto* forward =
       app.add_subcommand("forward", "One forward pass of a model directory on given ids and images");
   forward->add_option("--model", model_dir, "Model directory (config.json + safetensors)")->required();
@@ -314,6 +329,7 @@ int main(int argc, char** argv) {
   try {
     configure_logging(log_level);
     set_blas_threads(at::get_num_threads());
+    if (*run) return dist::launch(launch_options, run_command);
     if (*train || *eval) {
       auto job = config::load_config(config_path, overrides);
       configure_logging(job.tools.log_level);
@@ -321,14 +337,26 @@ int main(int argc, char** argv) {
         at::set_num_threads(static_cast<int>(job.training.threads));
         set_blas_threads(static_cast<int>(job.training.threads));
       }
-      train::Trainer trainer(job);
+      // Started by loom run, torchrun, Slurm or Open MPI: join the other ranks, after checking
+      // that the job's parallel layout fits their number.
+      const dist::LaunchEnv launch = dist::launch_env_from_process();
+      std::shared_ptr<dist::Comm> comm;
+      if (launch.world_size > 1) {
+        train::validate_layout(job, launch.world_size);
+        comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
+        if (launch.rank != 0) configure_logging("warn");  // rank 0 reports; the others only warn
+      }
+      const bool main_rank = launch.rank == 0;
+      train::Trainer trainer(job, comm);
       if (*train) {
-        if (auto result = trainer.train()) train::print_eval(*result);
+        if (auto result = trainer.train(); result && main_rank) train::print_eval(*result);
       } else {
         trainer.load_weights(checkpoint_dir);
         const auto result = trainer.evaluate();
-        train::print_eval(result);
-        if (!predictions_path.empty()) train::write_predictions(result, predictions_path);
+        if (main_rank) {
+          train::print_eval(result);
+          if (!predictions_path.empty()) train::write_predictions(result, predictions_path);
+        }
       }
       return 0;
     }

@@ -238,8 +238,8 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
 }
 
 ParallelSection read_parallel(const YamlValue* section, const std::string& source) {
-  const SectionReader r(section, "parallel", {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero"},
-                        source);
+  const SectionReader r(section, "parallel",
+                        {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero", "timeout_s"}, source);
   ParallelSection p;
   for (auto [key, field] :
        {std::pair<const char*, int64_t*>{"tp", &p.tp}, {"pp", &p.pp}, {"cp", &p.cp}, {"ep", &p.ep}}) {
@@ -260,6 +260,8 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
   r.read("zero", p.zero);
   if (p.zero != 0 && p.zero != 1 && p.zero != 3)
     r.fail("zero", fmt::format("{} is not one of 0, 1, 3", p.zero));
+  r.read("timeout_s", p.timeout_s);
+  r.at_least("timeout_s", p.timeout_s, int64_t{1});
   return p;
 }
 
@@ -392,7 +394,7 @@ bool operator==(const DataSection& a, const DataSection& b) {
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&
-         a.sequence_parallel == b.sequence_parallel && a.zero == b.zero;
+         a.sequence_parallel == b.sequence_parallel && a.zero == b.zero && a.timeout_s == b.timeout_s;
 }
 bool operator==(const FeaturesSection& a, const FeaturesSection& b) { return a.recompute == b.recompute; }
 bool operator==(const TrainingSection& a, const TrainingSection& b) {

@@ -51,7 +51,8 @@ struct ParallelSection {
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
   int64_t dp = 0;  // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
   bool sequence_parallel = false;
-  int64_t zero = 0;  // 0, 1 or 3
+  int64_t zero = 0;         // 0, 1 or 3
+  int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
 };
 
 struct FeaturesSection {

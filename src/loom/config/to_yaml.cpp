@@ -122,6 +122,7 @@ std::string to_yaml(const JobConfig& c) {
   line("dp", c.parallel.dp == 0 ? "auto" : integer(c.parallel.dp));
   line("sequence_parallel", boolean(c.parallel.sequence_parallel));
   line("zero", integer(c.parallel.zero));
+  line("timeout_s", integer(c.parallel.timeout_s));
 
   out += "features:\n";
   line("recompute", yaml_string(c.features.recompute));

@@ -90,6 +90,7 @@ std::vector<Batch> rank_micro_batches(std::vector<TokenizedExample> step_samples
   std::vector<TokenizedExample> mine;
   const auto shares = balance_across_ranks(costs, options.ranks);
   for (size_t i : shares[static_cast<size_t>(options.rank)]) mine.push_back(std::move(step_samples[i]));
+  if (mine.empty()) return {};  // fewer usable samples than ranks: this rank sits the step out
   return make_micro_batches(std::move(mine), options);
 }
 

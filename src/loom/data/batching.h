@@ -38,7 +38,7 @@ struct MicroBatching {
 };
 
 // One step's samples on data-parallel rank options.rank: its share by balance_across_ranks, cut
-// into micro-batches by make_micro_batches.
+// into micro-batches by make_micro_batches; none when the step has fewer samples than ranks.
 std::vector<Batch> rank_micro_batches(std::vector<TokenizedExample> step_samples,
                                       const MicroBatching& options);
 

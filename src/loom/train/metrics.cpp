@@ -105,10 +105,12 @@ ProgressBar::ProgressBar(int64_t total_steps, int64_t log_every, int64_t start_s
       log_every_(std::max<int64_t>(1, log_every)),
       start_step_(start_step),
       stream_(stream),
-      redraw_(mode == Mode::redraw || (mode == Mode::automatic && isatty(fileno(stream)))) {}
+      redraw_(mode == Mode::redraw || (mode == Mode::automatic && isatty(fileno(stream)))),
+      off_(mode == Mode::off) {}
 
 void ProgressBar::update(int64_t step, double loss, double lr, double tokens_per_s, double samples_per_s,
                          double mfu, double seconds_elapsed) {
+  if (off_) return;
   const int64_t done = step - start_step_;
   const double eta = done > 0 ? seconds_elapsed / done * std::max<int64_t>(0, total_steps_ - step) : -1.0;
   const std::string line =

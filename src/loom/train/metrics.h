@@ -41,10 +41,11 @@ std::string format_progress_line(int64_t step, int64_t total_steps, double loss,
 
 class ProgressBar {
  public:
-  enum class Mode { automatic, redraw, lines };
+  enum class Mode { automatic, redraw, lines, off };
 
   // `start_step` is the step the run (re)started from, so the eta counts only steps timed in this run.
-  // Mode::automatic redraws in place when `stream` is a terminal and prints plain lines otherwise.
+  // Mode::automatic redraws in place when `stream` is a terminal and prints plain lines otherwise;
+  // Mode::off prints nothing (data-parallel ranks other than 0).
   explicit ProgressBar(int64_t total_steps, int64_t log_every = 10, int64_t start_step = 0,
                        std::FILE* stream = stderr, Mode mode = Mode::automatic);
   ~ProgressBar() { finish(); }
@@ -61,7 +62,7 @@ class ProgressBar {
  private:
   int64_t total_steps_, log_every_, start_step_;
   std::FILE* stream_;
-  bool redraw_;
+  bool redraw_, off_;
   bool line_open_ = false;
 };
 

@@ -3,6 +3,7 @@
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -79,6 +80,14 @@ models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
                                         job.source + ": model.hf_config");
 }
 
+void validate_layout(const config::JobConfig& job, const int64_t world_size) {
+  const auto model = job_model_config(job);
+  config::validate_parallel(job,
+                            {model.text.num_heads, model.text.num_kv_heads, model.vision.num_heads,
+                             model.text.vocab_size, model.text.num_layers},
+                            world_size);
+}
+
 // One training step's data: its micro-batches and how many of its samples were over-long.
 struct StepData {
   std::vector<data::Batch> micro_batches;
@@ -91,15 +100,15 @@ struct Trainer::StepStats {
   double flops = 0;
 };
 
-Trainer::Trainer(config::JobConfig job) : job_(std::move(job)) {
+Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
+    : job_(std::move(job)), comm_(std::move(comm)) {
   const auto& t = job_.training;
   model_config_ = job_model_config(job_);
-  config::validate_parallel(
-      job_,
-      {model_config_.text.num_heads, model_config_.text.num_kv_heads, model_config_.vision.num_heads,
-       model_config_.text.vocab_size, model_config_.text.num_layers},
-      /*world_size=*/1);
-  accumulation_ = t.global_batch_size / t.micro_batch_size;
+  const int64_t world = comm_ ? comm_->size() : 1;
+  validate_layout(job_, world);
+  // tp, cp and pp are 1 (validate_parallel refuses the rest): every rank is a data-parallel rank.
+  dp_ = config::data_parallel_size(job_.parallel, world);
+  accumulation_ = t.global_batch_size / (t.micro_batch_size * dp_);
   data::Qwen2VLImageOptions image;
   image.patch_size = model_config_.vision.patch_size;
   image.temporal_patch_size = model_config_.vision.temporal_patch_size;
@@ -172,6 +181,10 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::save_checkpoint() {
+  if (!is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
+    comm_->barrier();
+    return;
+  }
   const auto& t = job_.training;
   checkpoint::StagedDirectory staged(t.output_dir, checkpoint::checkpoint_name(step_));
   const std::string dir = staged.path();
@@ -191,15 +204,24 @@ void Trainer::save_checkpoint() {
   staged.commit();
   checkpoint::prune_checkpoints(t.output_dir, static_cast<int>(t.keep_last));
   spdlog::info("saved checkpoint {}", staged.final_path());
+  if (comm_) comm_->barrier();
+}
+
+std::vector<double> Trainer::sum_over_ranks(std::vector<double> values) const {
+  if (!comm_ || values.empty()) return values;
+  auto t = at::tensor(values, at::kDouble);
+  comm_->all_reduce_sum({t});
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
 Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_batches) {
   StepStats stats;
-  int64_t targets = 0;
-  for (const auto& b : micro_batches) targets += b.num_target_tokens;
+  int64_t local_targets = 0;
+  for (const auto& b : micro_batches) local_targets += b.num_target_tokens;
+  const auto targets = static_cast<int64_t>(sum_over_ranks({static_cast<double>(local_targets)})[0]);
   if (targets == 0) throw DataError("a training step has no target tokens to learn from");
   // Loss is the mean over every target token of the global batch, so the gradient does not
-  // depend on how the batch is split into micro-batches.
+  // depend on how the batch is split into micro-batches or over data-parallel ranks.
   const double scale = 1.0 / static_cast<double>(targets);
   double loss_sum = 0;
   for (const auto& batch : micro_batches) {
@@ -212,6 +234,21 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     stats.samples += static_cast<int64_t>(lengths.size());
     stats.flops += model_->training_flops(lengths, batch.image_grid_thw);
   }
+  if (comm_) {
+    // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
+    std::vector<at::Tensor> grads;
+    for (auto& p : trainable_) {
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);  // a rank with no samples
+      grads.push_back(p.grad());
+    }
+    comm_->all_reduce_sum(grads);
+    const auto totals = sum_over_ranks(
+        {loss_sum, static_cast<double>(stats.tokens), static_cast<double>(stats.samples), stats.flops});
+    loss_sum = totals[0];
+    stats.tokens = static_cast<int64_t>(totals[1]);
+    stats.samples = static_cast<int64_t>(totals[2]);
+    stats.flops = totals[3];
+  }
   stats.loss = loss_sum * scale;
   stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
   return stats;
@@ -223,22 +260,27 @@ std::optional<EvalResult> Trainer::train() {
   peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
   fs::create_directories(t.output_dir);
   if (auto dir = resume_directory()) resume_from(*dir);
-  checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
-  MetricsLog metrics(t.output_dir, step_);
+  // Rank 0 writes the run's files; every rank holds the same weights and optimizer state.
+  std::optional<MetricsLog> metrics;
+  if (is_main()) {
+    checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
+    metrics.emplace(t.output_dir, step_);
+  }
   spdlog::info(
-      "training {} parameters ({} trainable) for {} steps, global batch {} = {} x {} micro-batches",
+      "training {} parameters ({} trainable) for {} steps, global batch {} = {} data-parallel ranks x {} "
+      "x {} micro-batches",
       models::parameter_count(*model_),
       [&] {
         int64_t n = 0;
         for (const auto& p : trainable_) n += p.numel();
         return n;
       }(),
-      t.steps, t.global_batch_size, accumulation_, t.micro_batch_size);
+      t.steps, t.global_batch_size, dp_, accumulation_, t.micro_batch_size);
 
-  // One loader item is one step's micro-batches, so the data position is the step.
-  // One process: data-parallel rank 0 of 1, which takes every sample of the step.
-  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()), 0,
-                                     1};
+  // One loader item is one step's micro-batches on this rank, so the data position is the step.
+  // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()),
+                                     comm_ ? comm_->rank() : 0, dp_};
   const int64_t global = t.global_batch_size;
   data::PrefetchLoader<StepData> loader(
       [this, batching, global](int64_t step) {
@@ -253,7 +295,9 @@ std::optional<EvalResult> Trainer::train() {
       },
       step_, static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
   ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
-                       job_.tools.progress_bar ? ProgressBar::Mode::automatic : ProgressBar::Mode::lines);
+                       !is_main()                ? ProgressBar::Mode::off
+                       : job_.tools.progress_bar ? ProgressBar::Mode::automatic
+                                                 : ProgressBar::Mode::lines);
   const auto start = Clock::now();
   // Time the steps spent waiting for the loader, over all their time (this run's steps).
   double total_data_wait = 0, total_step_time = 0;
@@ -293,22 +337,23 @@ std::optional<EvalResult> Trainer::train() {
     total_data_wait += data_wait;
     total_step_time += seconds;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
-    const double mfu = stats.flops / seconds / peak_flops_;
-    metrics.write({{"step", step_},
-                   {"loss", stats.loss},
-                   {"lr", lr},
-                   {"grad_norm", stats.grad_norm},
-                   {"tokens_per_s", tokens_per_s},
-                   {"samples_per_s", samples_per_s},
-                   {"mfu", mfu},
-                   {"step_time_s", seconds},
-                   {"data_wait_s", data_wait}});
+    const double mfu = stats.flops / seconds / (peak_flops_ * static_cast<double>(dp_));
+    if (metrics)
+      metrics->write({{"step", step_},
+                      {"loss", stats.loss},
+                      {"lr", lr},
+                      {"grad_norm", stats.grad_norm},
+                      {"tokens_per_s", tokens_per_s},
+                      {"samples_per_s", samples_per_s},
+                      {"mfu", mfu},
+                      {"step_time_s", seconds},
+                      {"data_wait_s", data_wait}});
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, mfu, seconds_since(start));
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {
       progress.finish();
       log_loader_share();
-      log_eval(evaluate(), metrics);
+      log_eval(evaluate(), metrics ? &*metrics : nullptr);
     }
     const bool exiting = !last && t.exit_interval > 0 && step_ % t.exit_interval == 0;
     if ((t.save_every > 0 && step_ % t.save_every == 0) || last || exiting) {
@@ -323,11 +368,11 @@ std::optional<EvalResult> Trainer::train() {
   progress.finish();
   log_loader_share();
   auto result = evaluate();
-  log_eval(result, metrics);
+  log_eval(result, metrics ? &*metrics : nullptr);
   return result;
 }
 
-void Trainer::log_eval(const EvalResult& result, MetricsLog& metrics) {
+void Trainer::log_eval(const EvalResult& result, MetricsLog* metrics) {
   if (result.samples == 0) {
     spdlog::info("step {}: no held-out samples (data.eval_datasets is empty): nothing to evaluate", step_);
     return;
@@ -338,7 +383,7 @@ void Trainer::log_eval(const EvalResult& result, MetricsLog& metrics) {
     line["eval_accuracy_" + type] = acc;
     by_type += fmt::format("{}{} {:.1f}%", by_type.empty() ? "" : ", ", type, 100 * acc);
   }
-  metrics.write(line);
+  if (metrics) metrics->write(line);
   spdlog::info("step {}: eval accuracy {:.2f}% on {} held-out questions ({})", step_, 100 * result.accuracy,
                result.samples, by_type);
 }
@@ -349,10 +394,17 @@ EvalResult Trainer::evaluate() {
   const auto& tokenizer = data_->tokenizer();
   const int64_t im_end = tokenizer.id("<|im_end|>");
   const int64_t pad = padding_id(tokenizer);
-  EvalResult result;
-  std::map<std::string, int64_t> correct_by_type;
-  int64_t correct = 0;
-  for (int64_t begin = 0; begin < data_->eval_samples(); begin += kBatch) {
+  // Batches are dealt round-robin to the data-parallel ranks; each scored answer keeps its
+  // position in the held-out set so the gathered result is in eval order on every rank.
+  struct Scored {
+    int64_t position;
+    EvalPrediction prediction;
+    bool correct;
+  };
+  std::vector<Scored> scored;
+  const int64_t ranks = comm_ ? comm_->size() : 1, rank = comm_ ? comm_->rank() : 0;
+  for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
+    if (index % ranks != rank) continue;
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
     auto batch = data_->eval_prompts(begin, end);
     const int64_t rows = batch.input_ids.size(0);
@@ -395,17 +447,38 @@ EvalResult Trainer::evaluate() {
       if (all_done) break;
     }
     for (int64_t r = 0; r < rows; ++r) {
-      const auto& type = batch.question_types[r];
       const std::string predicted = tokenizer.decode(answers[r]);
-      const bool ok = finished[r] && predicted == batch.answers[r];
-      result.predictions.push_back(
-          {batch.questions[r], batch.answers[r], finished[r] ? predicted : predicted + " ...", type});
-      correct += ok;
-      correct_by_type[type] += ok;
-      result.per_type_samples[type] += 1;
+      scored.push_back({begin + r,
+                        {batch.questions[r], batch.answers[r], finished[r] ? predicted : predicted + " ...",
+                         batch.question_types[r]},
+                        finished[r] && predicted == batch.answers[r]});
     }
-    result.samples += rows;
   }
+  if (comm_) {
+    nlohmann::json mine = nlohmann::json::array();
+    for (const Scored& s : scored)
+      mine.push_back({s.position, s.prediction.question, s.prediction.answer, s.prediction.predicted,
+                      s.prediction.question_type, s.correct});
+    scored.clear();
+    for (const std::string& text : comm_->all_gather(mine.dump()))
+      for (const auto& row : nlohmann::json::parse(text))
+        scored.push_back({row[0].get<int64_t>(),
+                          {row[1].get<std::string>(), row[2].get<std::string>(), row[3].get<std::string>(),
+                           row[4].get<std::string>()},
+                          row[5].get<bool>()});
+    std::sort(scored.begin(), scored.end(),
+              [](const Scored& a, const Scored& b) { return a.position < b.position; });
+  }
+  EvalResult result;
+  std::map<std::string, int64_t> correct_by_type;
+  int64_t correct = 0;
+  for (Scored& s : scored) {
+    correct += s.correct;
+    correct_by_type[s.prediction.question_type] += s.correct;
+    result.per_type_samples[s.prediction.question_type] += 1;
+    result.predictions.push_back(std::move(s.prediction));
+  }
+  result.samples = static_cast<int64_t>(scored.size());
   result.accuracy = result.samples ? static_cast<double>(correct) / result.samples : 0.0;
   for (const auto& [type, n] : result.per_type_samples)
     result.per_type[type] = static_cast<double>(correct_by_type[type]) / n;

@@ -1,6 +1,6 @@
-// Single-process training of a vision-language model from a job config: the step loop with
-// gradient accumulation, AdamW, schedule and clipping, progress and metrics, periodic
-// evaluation, and atomic checkpoints that a later run resumes from exactly.
+// Training of a vision-language model from a job config, in one process or data-parallel over
+// several: the step loop with gradient accumulation, AdamW, schedule and clipping, progress and
+// metrics, periodic evaluation, and atomic checkpoints that a later run resumes from exactly.
 #pragma once
 #include <map>
 #include <memory>
@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/config/config.h"
+#include "loom/dist/comm.h"
 #include "loom/models/qwen2_vl/model.h"
 #include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
@@ -33,18 +34,25 @@ class MetricsLog;
 // The model architecture a job asks for (model.hf_config as a path or inline fields).
 models::Qwen2VLConfig job_model_config(const config::JobConfig& job);
 
+// Checks the job's parallel layout against its model and `world_size` processes (validate_parallel):
+// a one-line ConfigError before any work.
+void validate_layout(const config::JobConfig& job, int64_t world_size);
+
 // A collated or packed batch as the model's inputs.
 models::VisionLanguageInputs model_inputs(const data::Batch& batch);
 
 class Trainer {
  public:
-  explicit Trainer(config::JobConfig job);
+  // `comm`: the data-parallel group, or null for one process. Every rank of a group builds the same
+  // model, takes its share of each step's samples and of the held-out set, and sums gradients.
+  explicit Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm = nullptr);
   ~Trainer();
 
   // Trains to training.steps (resuming per training.resume), evaluating and saving on schedule.
   // Returns the final evaluation, or nothing when training.exit_interval stopped the run early.
   std::optional<EvalResult> train();
-  // Exact-match accuracy of greedy answers on the held-out split.
+  // Exact-match accuracy of greedy answers on the held-out split (shared out over the ranks; every
+  // rank gets the whole result).
   EvalResult evaluate();
   // Replaces the weights by those of a checkpoint or model directory.
   void load_weights(const std::string& dir);
@@ -58,16 +66,22 @@ class Trainer {
   void save_checkpoint();
   void resume_from(const std::string& dir);
   std::optional<std::string> resume_directory() const;
-  void log_eval(const EvalResult& result, MetricsLog& metrics);  // metrics line and console
+  void log_eval(const EvalResult& result, MetricsLog* metrics);  // metrics line and console
+  // Element-wise sums over the data-parallel ranks (the values themselves for one process).
+  std::vector<double> sum_over_ranks(std::vector<double> values) const;
+
+  bool is_main() const { return !comm_ || comm_->rank() == 0; }
 
   config::JobConfig job_;
+  std::shared_ptr<dist::Comm> comm_;
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;
   std::unique_ptr<AdamW> optimizer_;
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;
-  int64_t accumulation_ = 1;
+  int64_t dp_ = 1;            // data-parallel ranks
+  int64_t accumulation_ = 1;  // micro-batches per rank and step
   double peak_flops_ = 0;
 };
 

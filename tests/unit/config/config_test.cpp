@@ -66,6 +66,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.parallel.dp, 4);
   EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 3);
+  EXPECT_EQ(c.parallel.timeout_s, 45);
 
   EXPECT_EQ(c.features.recompute, "none");
 
@@ -165,6 +166,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(c.parallel.dp, 0);
   EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 0);
+  EXPECT_EQ(c.parallel.timeout_s, 300);
 
   EXPECT_EQ(c.features.recompute, "none");
 

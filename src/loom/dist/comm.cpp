@@ -1,0 +1,140 @@
+// Comm over c10d's ProcessGroupGloo: rendezvous, bucketed all-reduce, string all-gather.
+#include "loom/dist/comm.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include "loom/util/errors.h"
+
+namespace loom::dist {
+
+struct Comm::Group {
+  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  std::chrono::seconds timeout;
+};
+
+namespace {
+
+// Runs one collective and waits for it; a peer that died or a timeout becomes a DistributedError
+// naming this rank, the operation and the peers' deadline.
+template <typename Start>
+void run(int64_t rank, const char* what, std::chrono::seconds timeout, Start start) {
+  try {
+    auto work = start();
+    work->wait();
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    if (const auto end = reason.find('\n'); end != std::string::npos) reason.resize(end);
+    throw DistributedError(fmt::format(
+        "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s): {}", rank,
+        what, timeout.count(), reason));
+  }
+}
+
+}  // namespace
+
+Comm::Comm(std::unique_ptr<Group> group, int64_t rank, int64_t size)
+    : group_(std::move(group)), rank_(rank), size_(size) {}
+
+Comm::~Comm() = default;
+
+std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout) {
+  auto group = std::make_unique<Group>();
+  group->timeout = timeout;
+  try {
+    c10d::TCPStoreOptions store_options;
+    store_options.port = static_cast<uint16_t>(env.master_port);
+    store_options.isServer = env.rank == 0;
+    store_options.numWorkers = static_cast<size_t>(env.world_size);
+    store_options.timeout = timeout;
+    group->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
+    } else if (env.local_world_size == env.world_size) {
+      // One node: the loopback interface, which needs no name resolution.
+      options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    } else {
+      options->devices.push_back(c10d::ProcessGroupGloo::createDefaultDevice());
+    }
+    group->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group->store, static_cast<int>(env.rank),
+                                                            static_cast<int>(env.world_size), options);
+  } catch (const std::exception& e) {
+    std::string reason = e.what();
+    if (const auto end = reason.find('\n'); end != std::string::npos) reason.resize(end);
+    throw DistributedError(fmt::format("rank {}: cannot join the {} processes at {}:{} (launched by {}): {}",
+                                       env.rank, env.world_size, env.master_addr, env.master_port,
+                                       env.launcher, reason));
+  }
+  spdlog::debug("rank {} of {} joined the process group at {}:{}", env.rank, env.world_size, env.master_addr,
+                env.master_port);
+  return std::shared_ptr<Comm>(new Comm(std::move(group), env.rank, env.world_size));
+}
+
+void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
+  // Bucket by dtype, in order, each bucket up to kBucketBytes (a larger tensor goes alone).
+  std::map<at::ScalarType, std::vector<std::vector<at::Tensor>>> buckets;
+  std::map<at::ScalarType, int64_t> bucket_bytes;
+  for (const at::Tensor& t : tensors) {
+    if (!t.defined() || t.numel() == 0) continue;
+    auto& list = buckets[t.scalar_type()];
+    auto& bytes = bucket_bytes[t.scalar_type()];
+    const int64_t size = t.numel() * static_cast<int64_t>(t.element_size());
+    if (list.empty() || bytes + size > kBucketBytes) {
+      list.emplace_back();
+      bytes = 0;
+    }
+    list.back().push_back(t);
+    bytes += size;
+  }
+  for (auto& [dtype, list] : buckets) {
+    for (auto& bucket : list) {
+      std::vector<at::Tensor> flat_parts;
+      flat_parts.reserve(bucket.size());
+      for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
+      // Gloo in libtorch 1.13 has no bf16: such buckets travel as fp32.
+      const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf;
+      std::vector<at::Tensor> flat{at::cat(flat_parts)};
+      if (widen) flat[0] = flat[0].to(at::kFloat);
+      run(rank_, "all-reduce", group_->timeout, [&] { return group_->pg->allreduce(flat); });
+      int64_t offset = 0;
+      for (auto& t : bucket) {
+        t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
+        offset += t.numel();
+      }
+    }
+  }
+}
+
+std::vector<std::string> Comm::all_gather(const std::string& text) {
+  // Lengths first, then every string padded to the longest.
+  std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(text.size())}, at::kLong)};
+  std::vector<std::vector<at::Tensor>> lengths(1);
+  for (int64_t r = 0; r < size_; ++r) lengths[0].push_back(at::empty({1}, at::kLong));
+  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(lengths, length); });
+  int64_t longest = 0;
+  for (const auto& l : lengths[0]) longest = std::max(longest, l.item<int64_t>());
+  std::vector<at::Tensor> mine{at::zeros({std::max<int64_t>(longest, 1)}, at::kByte)};
+  std::memcpy(mine[0].data_ptr<uint8_t>(), text.data(), text.size());
+  std::vector<std::vector<at::Tensor>> all(1);
+  for (int64_t r = 0; r < size_; ++r) all[0].push_back(at::empty_like(mine[0]));
+  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(all, mine); });
+  std::vector<std::string> out;
+  for (int64_t r = 0; r < size_; ++r)
+    out.emplace_back(reinterpret_cast<const char*>(all[0][r].data_ptr<uint8_t>()),
+                     static_cast<size_t>(lengths[0][r].item<int64_t>()));
+  return out;
+}
+
+void Comm::barrier() {
+  run(rank_, "barrier", group_->timeout, [&] { return group_->pg->barrier(); });
+}
+
+}  // namespace loom::dist

@@ -1,0 +1,42 @@
+// The data-parallel process group: c10d's Gloo backend joined through a TCPStore, with the
+// collectives Loom's training loop needs (sum all-reduce of many tensors in flat buckets, string
+// all-gather, barrier), each failure a DistributedError naming this rank and the operation.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/dist/launch_env.h"
+
+namespace loom::dist {
+
+class Comm {
+ public:
+  // Joins the group of env.world_size processes. Rank 0 serves the TCPStore at
+  // env.master_addr:env.master_port; every collective gives up after `timeout`.
+  static std::shared_ptr<Comm> connect(const LaunchEnv& env, std::chrono::seconds timeout);
+  ~Comm();
+
+  int64_t rank() const { return rank_; }
+  int64_t size() const { return size_; }
+
+  // Sums each tensor over the ranks, in place. Tensors of one dtype travel together in flat
+  // buffers of up to kBucketBytes, so many small gradients cost a few messages.
+  void all_reduce_sum(const std::vector<at::Tensor>& tensors);
+  // Every rank's string, in rank order.
+  std::vector<std::string> all_gather(const std::string& text);
+  void barrier();
+
+  static constexpr int64_t kBucketBytes = 25 << 20;
+
+ private:
+  struct Group;
+  Comm(std::unique_ptr<Group> group, int64_t rank, int64_t size);
+  std::unique_ptr<Group> group_;
+  int64_t rank_ = 0, size_ = 1;
+};
+
+}  // namespace loom::dist

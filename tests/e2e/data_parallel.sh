@@ -1,0 +1,85 @@
+# Data parallelism through `loom run` over Gloo: 20 fp32 steps of the tiny shapes job with the same
+# seed and global batch give, on 2 ranks (2 micro-batches each) and on 4 ranks, the loss of the
+# single-process run at every step and the same final weights. Then the failures: a world size
+# the layout cannot use is a one-line error, and a rank killed mid-run stops the others with a
+# message naming it.
+source "$(dirname "$0")/lib.bash"
+common=(--set training.steps=20 --set training.global_batch_size=16 --set training.warmup_steps=2
+        --set training.save_every=0 --set training.threads=1 --set tools.log_every=5)
+small_job "${common[@]}" --set training.micro_batch_size=8 --set training.output_dir="$WORK/one" \
+  > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
+"$LOOM" run -n 2 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
+  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
+  --set training.micro_batch_size=4 --set training.output_dir="$WORK/dp2" > "$WORK/dp2.log" 2>&1 ||
+  { cat "$WORK/dp2.log"; fail "dp=2 run"; }
+"$LOOM" run -n 4 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
+  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
+  --set training.micro_batch_size=4 --set training.output_dir="$WORK/dp4" > "$WORK/dp4.log" 2>&1 ||
+  { cat "$WORK/dp4.log"; fail "dp=4 run"; }
+grep -q "global batch 16 = 2 data-parallel ranks x 2 x 4 micro-batches" "$WORK/dp2.log" ||
+  { cat "$WORK/dp2.log"; fail "dp=2 layout not reported"; }
+grep -q "^\[rank 0\] eval: exact-match accuracy" "$WORK/dp4.log" || fail "dp=4: rank 0 printed no evaluation"
+! grep -q "^\[rank [123]\] eval:" "$WORK/dp4.log" || fail "dp=4: only rank 0 reports the evaluation"
+python3 - "$WORK" <<'PY'
+import array, json, struct, sys
+work = sys.argv[1]
+def steps(path):
+    return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
+def tensors(path):
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    assert all(v["dtype"] == "F32" for v in header.values())
+    return {k: array.array("f", data[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]])
+            for k, v in header.items()}
+one = steps(f"{work}/one/metrics.jsonl")
+w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
+assert sorted(one) == list(range(1, 21))
+for name in ("dp2", "dp4"):
+    other = steps(f"{work}/{name}/metrics.jsonl")
+    assert sorted(other) == sorted(one), (name, sorted(other))
+    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in one)
+    print(f"{name} vs one process, steps 1-20: max relative loss difference {worst:.3e}")
+    assert worst <= 1e-5, (name, worst)
+    w = tensors(f"{work}/{name}/step-00000020/model.safetensors")
+    assert sorted(w) == sorted(w1)
+    diff = max(abs(x - y) for k in w1 for x, y in zip(w[k], w1[k]))
+    print(f"{name} vs one process: max absolute final weight difference {diff:.3e}")
+    assert diff <= 1e-5, (name, diff)
+PY
+
+# A world the layout cannot use: one line, before any work.
+set +e
+"$LOOM" run -n 3 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
+  --set training.micro_batch_size=4 --set training.output_dir="$WORK/bad" > "$WORK/bad.log" 2>&1
+code=$?
+set -e
+[ "$code" -ne 0 ] || fail "dp=3 with a global batch of 16 should fail"
+grep -q "\[rank 0\] loom: error: .*training.global_batch_size=16 is not divisible by micro_batch_size\*dp = 4\*3 = 12" \
+  "$WORK/bad.log" || { cat "$WORK/bad.log"; fail "no one-line error for a wrong world size"; }
+! grep -q "step 1/" "$WORK/bad.log" || fail "training started despite the wrong world size"
+
+# Rank 1 killed once training runs: the launcher names it, stops rank 0 and exits with 128+9.
+"$LOOM" run -n 2 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" --set training.steps=100000 \
+  --set training.global_batch_size=16 --set training.micro_batch_size=8 --set training.threads=1 \
+  --set tools.progress_bar=false --set tools.log_every=1 --set training.output_dir="$WORK/killed" \
+  > "$WORK/killed.log" 2>&1 &
+launcher=$!
+for _ in $(seq 600); do grep -q "step 2/" "$WORK/killed.log" 2>/dev/null && break; sleep 0.5; done
+grep -q "step 2/" "$WORK/killed.log" || { cat "$WORK/killed.log"; fail "the 2-rank run did not start"; }
+victim=""
+for pid in $(pgrep -f "output_dir=$WORK/killed"); do
+  [ "$pid" != "$launcher" ] && tr '\0' '\n' < "/proc/$pid/environ" 2>/dev/null | grep -qx "RANK=1" && victim=$pid
+done
+[ -n "$victim" ] || fail "rank 1's process not found"
+kill -9 "$victim"
+set +e
+wait "$launcher"
+code=$?
+set -e
+[ "$code" -eq 137 ] || { cat "$WORK/killed.log"; fail "launcher exit code $code, expected 137"; }
+grep -q "loom run: rank 1 (pid $victim) was killed by signal 9" "$WORK/killed.log" ||
+  { cat "$WORK/killed.log"; fail "the launcher did not name the lost rank"; }
+! pgrep -f "output_dir=$WORK/killed" > /dev/null || fail "a rank outlived the launcher"
+echo "data parallel: dp=2 and dp=4 match one process; bad world size and a killed rank reported"
