@@ -167,12 +167,11 @@ int launch(const LaunchOptions& o, const std::vector<std::string>& command) {
   int result = 0;
   bool stopping = false;
   Clock::time_point kill_at;
-  auto stop_others = [&](const char* why) {
+  auto stop_others = [&] {
     stopping = true;
     kill_at = Clock::now() + std::chrono::seconds(o.stop_grace_s);
     for (const Child& c : children)
       if (c.running) kill(c.pid, SIGTERM);
-    if (why) std::fflush(stderr);
   };
   for (;;) {
     std::vector<pollfd> fds;
@@ -202,12 +201,12 @@ int launch(const LaunchOptions& o, const std::vector<std::string>& command) {
       result = exit_code(status);
       fmt::print(stderr, "loom run: rank {} (pid {}) {}; stopping the other ranks\n", c.rank, c.pid,
                  describe_status(status));
-      stop_others("failure");
+      stop_others();
     }
     if (g_stop_signal != 0 && !stopping) {
       fmt::print(stderr, "loom run: got signal {}; stopping every rank\n", static_cast<int>(g_stop_signal));
       result = 128 + g_stop_signal;
-      stop_others("signal");
+      stop_others();
     }
     if (stopping && Clock::now() > kill_at)
       for (const Child& c : children)
