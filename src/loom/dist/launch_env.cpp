@@ -4,21 +4,27 @@
 #include <fmt/format.h>
 
 #include <cstdlib>
+#include <utility>
 
 #include "loom/util/errors.h"
 
 namespace loom::dist {
 namespace {
 
+// The integer `text` starts with and how many characters it took; 0 characters when none.
+std::pair<int64_t, size_t> leading_integer(const std::string& text) {
+  size_t used = 0;
+  try {
+    const int64_t value = std::stoll(text, &used);
+    return {value, used};
+  } catch (const std::exception&) {
+    return {0, 0};
+  }
+}
+
 int64_t number(const EnvLookup& env, const std::string& name, int64_t minimum) {
   const std::string text = *env(name);
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto [value, used] = leading_integer(text);
   if (used == 0 || used != text.size())
     throw DistributedError(fmt::format("environment: {}='{}' is not an integer", name, text));
   if (value < minimum)
@@ -30,13 +36,7 @@ int64_t number(const EnvLookup& env, const std::string& name, int64_t minimum) {
 int64_t slurm_tasks_per_node(const EnvLookup& env) {
   const auto text = env("SLURM_NTASKS_PER_NODE");
   if (!text) return -1;
-  size_t used = 0;
-  int64_t value = 0;
-  try {
-    value = std::stoll(*text, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
+  const auto [value, used] = leading_integer(*text);
   if (used == 0 || value < 1)
     throw DistributedError(
         fmt::format("environment: SLURM_NTASKS_PER_NODE='{}' does not start with a "

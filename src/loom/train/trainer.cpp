@@ -81,7 +81,10 @@ models::Qwen2VLConfig job_model_config(const config::JobConfig& job) {
 }
 
 void validate_layout(const config::JobConfig& job, const int64_t world_size) {
-  const auto model = job_model_config(job);
+  validate_layout(job, job_model_config(job), world_size);
+}
+
+void validate_layout(const config::JobConfig& job, const models::Qwen2VLConfig& model, int64_t world_size) {
   config::validate_parallel(job,
                             {model.text.num_heads, model.text.num_kv_heads, model.vision.num_heads,
                              model.text.vocab_size, model.text.num_layers},
@@ -105,7 +108,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
   const auto& t = job_.training;
   model_config_ = job_model_config(job_);
   const int64_t world = comm_ ? comm_->size() : 1;
-  validate_layout(job_, world);
+  validate_layout(job_, model_config_, world);
   // tp, cp and pp are 1 (validate_parallel refuses the rest): every rank is a data-parallel rank.
   dp_ = config::data_parallel_size(job_.parallel, world);
   accumulation_ = t.global_batch_size / (t.micro_batch_size * dp_);

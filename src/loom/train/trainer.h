@@ -37,6 +37,8 @@ models::Qwen2VLConfig job_model_config(const config::JobConfig& job);
 // Checks the job's parallel layout against its model and `world_size` processes (validate_parallel):
 // a one-line ConfigError before any work.
 void validate_layout(const config::JobConfig& job, int64_t world_size);
+// The same for the job's model architecture already read (job_model_config).
+void validate_layout(const config::JobConfig& job, const models::Qwen2VLConfig& model, int64_t world_size);
 
 // A collated or packed batch as the model's inputs.
 models::VisionLanguageInputs model_inputs(const data::Batch& batch);
