@@ -14,6 +14,7 @@
 
 #include "loom/checkpoint/durable_file.h"
 #include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
 
 namespace loom::checkpoint {
 
@@ -63,9 +64,9 @@ fs::directory_iterator open_directory(const fs::path& dir) {
   return it;
 }
 
-void remove_tree(const fs::path& path) {
+void remove_tree_or_throw(const fs::path& path) {
   std::error_code error;
-  fs::remove_all(path, error);
+  remove_tree(path.string(), error);
   if (error) throw CheckpointError(fmt::format("cannot remove '{}': {}", path.string(), error.message()));
 }
 
@@ -113,7 +114,7 @@ StagedDirectory::StagedDirectory(const std::string& root, const std::string& nam
   if (error) throw CheckpointError(fmt::format("cannot create directory '{}': {}", root, error.message()));
   final_path_ = (fs::path(root) / name).string();
   temp_path_ = (fs::path(root) / fmt::format("{}{}-{}", kTempPrefix, name, ::getpid())).string();
-  remove_tree(temp_path_);  // a leftover of an earlier attempt by a process with this pid
+  remove_tree_or_throw(temp_path_);  // a leftover of an earlier attempt by a process with this pid
   fs::create_directory(temp_path_, error);
   if (error)
     throw CheckpointError(fmt::format("cannot create directory '{}': {}", temp_path_, error.message()));
@@ -122,7 +123,7 @@ StagedDirectory::StagedDirectory(const std::string& root, const std::string& nam
 StagedDirectory::~StagedDirectory() {
   if (committed_) return;
   std::error_code error;
-  fs::remove_all(temp_path_, error);  // best effort: prune_checkpoints removes what is left
+  remove_tree(temp_path_, error);  // best effort: prune_checkpoints removes what is left
 }
 
 void StagedDirectory::commit() {
@@ -137,7 +138,7 @@ void StagedDirectory::commit() {
     fs::path aside = temp_path;
     if (!exchange_paths(temp_path, final_path)) {
       aside = temp_path.string() + "-old";
-      remove_tree(aside);
+      remove_tree_or_throw(aside);
       rename_path(final_path, aside);
       try {
         rename_path(temp_path, final_path);
@@ -148,7 +149,7 @@ void StagedDirectory::commit() {
     }
     committed_ = true;
     fsync_directory(root_);
-    remove_tree(aside);
+    remove_tree_or_throw(aside);
   } else {
     rename_path(temp_path, final_path);
     committed_ = true;
@@ -200,7 +201,7 @@ void prune_checkpoints(const std::string& root, int keep_last) {
   if (!fs::is_directory(root, error)) return;
   const std::vector<std::string> all = list_checkpoints(root);
   if (keep_last > 0 && all.size() > static_cast<size_t>(keep_last)) {
-    for (size_t i = 0; i + keep_last < all.size(); ++i) remove_tree(all[i]);
+    for (size_t i = 0; i + keep_last < all.size(); ++i) remove_tree_or_throw(all[i]);
   }
   // Staging directories of this process may be in use; any other is a crashed attempt.
   const long own_pid = static_cast<long>(::getpid());
@@ -211,7 +212,7 @@ void prune_checkpoints(const std::string& root, int keep_last) {
       stale.push_back(entry.path());
     }
   }
-  for (const fs::path& path : stale) remove_tree(path);
+  for (const fs::path& path : stale) remove_tree_or_throw(path);
   fsync_directory(root);
 }
 

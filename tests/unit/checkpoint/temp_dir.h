@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
 
 namespace loom::checkpoint::testing {
 
@@ -23,7 +24,7 @@ class TempDir {
   }
   ~TempDir() {
     std::error_code error;
-    std::filesystem::remove_all(path_, error);
+    remove_tree(path_.string(), error);
   }
   TempDir(const TempDir&) = delete;
   TempDir& operator=(const TempDir&) = delete;

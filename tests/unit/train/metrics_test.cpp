@@ -6,6 +6,8 @@
 #include <cstdio>
 #include <fstream>
 
+#include "loom/util/filesystem.h"
+
 namespace loom::train {
 namespace {
 
@@ -15,7 +17,8 @@ using nlohmann::json;
 // A fresh folder under the build tree (the tests' working directory).
 fs::path scratch_dir(const std::string& name) {
   const fs::path dir = fs::current_path() / "train_tests_scratch" / name;
-  fs::remove_all(dir);
+  std::error_code error;
+  remove_tree(dir.string(), error);
   return dir;
 }
 
