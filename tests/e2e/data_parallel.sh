@@ -1,6 +1,7 @@
 # Data parallelism through `loom run` over Gloo: 20 fp32 steps of the tiny shapes job with the same
 # seed and global batch give, on 2 ranks (2 micro-batches each) and on 4 ranks, the loss of the
-# single-process run at every step and the same final weights. Then the failures: a world size
+# single-process run at every step and the same final weights, whether the gradient buckets are
+# summed during backward (overlap, 1 MiB buckets) or after it. Then the failures: a world size
 # the layout cannot use is a one-line error, and a rank killed mid-run stops the others with a
 # message naming it.
 source "$(dirname "$0")/lib.bash"
@@ -8,14 +9,23 @@ common=(--set training.steps=20 --set training.global_batch_size=16 --set traini
         --set training.save_every=0 --set training.threads=1 --set tools.log_every=5)
 small_job "${common[@]}" --set training.micro_batch_size=8 --set training.output_dir="$WORK/one" \
   > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
-"$LOOM" run -n 2 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
-  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
-  --set training.micro_batch_size=4 --set training.output_dir="$WORK/dp2" > "$WORK/dp2.log" 2>&1 ||
-  { cat "$WORK/dp2.log"; fail "dp=2 run"; }
-"$LOOM" run -n 4 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
-  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
-  --set training.micro_batch_size=4 --set training.output_dir="$WORK/dp4" > "$WORK/dp4.log" 2>&1 ||
-  { cat "$WORK/dp4.log"; fail "dp=4 run"; }
+dp_run() {  # name, ranks, extra options...
+  local name=$1 ranks=$2
+  shift 2
+  "$LOOM" run -n "$ranks" -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
+    --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
+    --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
+    { cat "$WORK/$name.log"; fail "$name run"; }
+}
+dp_run dp2 2 --set parallel.bucket_mb=1
+dp_run dp2_after_backward 2 --set parallel.overlap_grad_reduce=false
+dp_run dp4 4 --set parallel.bucket_mb=1
+# The tiny model's 3.5 MB of gradients make 4 buckets of 1 MiB; with overlap some start during
+# backward (counted by the hooks, not timed), without it none do.
+grep -q "^\[rank 0\] .*gradient all-reduce: .* (4 buckets of up to 1 MiB, overlap on; last step: [1-4] started during backward)" \
+  "$WORK/dp2.log" || { cat "$WORK/dp2.log"; fail "dp=2: no bucket started during backward"; }
+grep -q "^\[rank 0\] .*gradient all-reduce: .* (1 buckets of up to 25 MiB, overlap off; last step: 0 started during backward)" \
+  "$WORK/dp2_after_backward.log" || { cat "$WORK/dp2_after_backward.log"; fail "dp=2 without overlap"; }
 grep -q "global batch 16 = 2 data-parallel ranks x 2 x 4 micro-batches" "$WORK/dp2.log" ||
   { cat "$WORK/dp2.log"; fail "dp=2 layout not reported"; }
 grep -q "^\[rank 0\] eval: exact-match accuracy" "$WORK/dp4.log" || fail "dp=4: rank 0 printed no evaluation"
@@ -36,7 +46,7 @@ def tensors(path):
 one = steps(f"{work}/one/metrics.jsonl")
 w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
 assert sorted(one) == list(range(1, 21))
-for name in ("dp2", "dp4"):
+for name in ("dp2", "dp2_after_backward", "dp4"):
     other = steps(f"{work}/{name}/metrics.jsonl")
     assert sorted(other) == sorted(one), (name, sorted(other))
     worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in one)

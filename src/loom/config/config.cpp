@@ -239,7 +239,9 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
 
 ParallelSection read_parallel(const YamlValue* section, const std::string& source) {
   const SectionReader r(section, "parallel",
-                        {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero", "timeout_s"}, source);
+                        {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero", "timeout_s", "bucket_mb",
+                         "overlap_grad_reduce"},
+                        source);
   ParallelSection p;
   for (auto [key, field] :
        {std::pair<const char*, int64_t*>{"tp", &p.tp}, {"pp", &p.pp}, {"cp", &p.cp}, {"ep", &p.ep}}) {
@@ -262,6 +264,9 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
     r.fail("zero", fmt::format("{} is not one of 0, 1, 3", p.zero));
   r.read("timeout_s", p.timeout_s);
   r.at_least("timeout_s", p.timeout_s, int64_t{1});
+  r.read("bucket_mb", p.bucket_mb);
+  r.at_least("bucket_mb", p.bucket_mb, int64_t{1});
+  r.read("overlap_grad_reduce", p.overlap_grad_reduce);
   return p;
 }
 
@@ -394,7 +399,8 @@ bool operator==(const DataSection& a, const DataSection& b) {
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&
-         a.sequence_parallel == b.sequence_parallel && a.zero == b.zero && a.timeout_s == b.timeout_s;
+         a.sequence_parallel == b.sequence_parallel && a.zero == b.zero && a.timeout_s == b.timeout_s &&
+         a.bucket_mb == b.bucket_mb && a.overlap_grad_reduce == b.overlap_grad_reduce;
 }
 bool operator==(const FeaturesSection& a, const FeaturesSection& b) { return a.recompute == b.recompute; }
 bool operator==(const TrainingSection& a, const TrainingSection& b) {

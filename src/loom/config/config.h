@@ -53,6 +53,8 @@ struct ParallelSection {
   bool sequence_parallel = false;
   int64_t zero = 0;         // 0, 1 or 3
   int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
+  int64_t bucket_mb = 25;   // gradients are summed over the ranks in flat buckets of this size; >= 1
+  bool overlap_grad_reduce = true;  // start each bucket's all-reduce during backward, once it is ready
 };
 
 struct FeaturesSection {

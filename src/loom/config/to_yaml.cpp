@@ -123,6 +123,8 @@ std::string to_yaml(const JobConfig& c) {
   line("sequence_parallel", boolean(c.parallel.sequence_parallel));
   line("zero", integer(c.parallel.zero));
   line("timeout_s", integer(c.parallel.timeout_s));
+  line("bucket_mb", integer(c.parallel.bucket_mb));
+  line("overlap_grad_reduce", boolean(c.parallel.overlap_grad_reduce));
 
   out += "features:\n";
   line("recompute", yaml_string(c.features.recompute));

@@ -22,6 +22,18 @@ struct Comm::Group {
 
 namespace {
 
+std::string first_line(std::string text) {
+  if (const auto end = text.find('\n'); end != std::string::npos) text.resize(end);
+  return text;
+}
+
+DistributedError collective_error(int64_t rank, const char* what, std::chrono::seconds timeout,
+                                  const std::exception& e) {
+  return DistributedError(fmt::format(
+      "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s): {}", rank,
+      what, timeout.count(), first_line(e.what())));
+}
+
 // Runs one collective and waits for it; a peer that died or a timeout becomes a DistributedError
 // naming this rank, the operation and the peers' deadline.
 template <typename Start>
@@ -30,13 +42,31 @@ void run(int64_t rank, const char* what, std::chrono::seconds timeout, Start sta
     auto work = start();
     work->wait();
   } catch (const std::exception& e) {
-    std::string reason = e.what();
-    if (const auto end = reason.find('\n'); end != std::string::npos) reason.resize(end);
-    throw DistributedError(fmt::format(
-        "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s): {}", rank,
-        what, timeout.count(), reason));
+    throw collective_error(rank, what, timeout, e);
   }
 }
+
+using WorkPtr =
+    decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
+
+class GlooPendingWork : public PendingWork {
+ public:
+  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, int64_t rank, std::chrono::seconds timeout)
+      : work_(std::move(work)), tensors_(std::move(tensors)), rank_(rank), timeout_(timeout) {}
+  void wait() override {
+    try {
+      work_->wait();
+    } catch (const std::exception& e) {
+      throw collective_error(rank_, "all-reduce", timeout_, e);
+    }
+  }
+
+ private:
+  WorkPtr work_;
+  std::vector<at::Tensor> tensors_;  // alive until the collective is done
+  int64_t rank_;
+  std::chrono::seconds timeout_;
+};
 
 }  // namespace
 
@@ -110,6 +140,19 @@ void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
         offset += t.numel();
       }
     }
+  }
+}
+
+std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
+  if (flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf)
+    throw DistributedError(fmt::format("rank {}: all-reduce of {} is not supported: widen it to float", rank_,
+                                       c10::toString(flat.scalar_type())));
+  std::vector<at::Tensor> tensors{flat.is_contiguous() ? flat : flat.contiguous()};
+  try {
+    auto work = group_->pg->allreduce(tensors);
+    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), rank_, group_->timeout);
+  } catch (const std::exception& e) {
+    throw collective_error(rank_, "all-reduce", group_->timeout, e);
   }
 }
 

@@ -13,6 +13,14 @@
 
 namespace loom::dist {
 
+// A collective in flight. wait() returns once it is done on this rank, or throws a
+// DistributedError naming the rank and the operation.
+class PendingWork {
+ public:
+  virtual ~PendingWork() = default;
+  virtual void wait() = 0;
+};
+
 class Comm {
  public:
   // Joins the group of env.world_size processes. Rank 0 serves the TCPStore at
@@ -26,6 +34,10 @@ class Comm {
   // Sums each tensor over the ranks, in place. Tensors of one dtype travel together in flat
   // buffers of up to kBucketBytes, so many small gradients cost a few messages.
   void all_reduce_sum(const std::vector<at::Tensor>& tensors);
+  // Starts summing one contiguous tensor over the ranks, in place, and returns at once. Every rank
+  // must start its collectives in the same order. bf16 and half are not accepted (Gloo in libtorch
+  // 1.13 cannot sum them): widen them first.
+  std::unique_ptr<PendingWork> start_all_reduce_sum(at::Tensor flat);
   // Every rank's string, in rank order.
   std::vector<std::string> all_gather(const std::string& text);
   void barrier();

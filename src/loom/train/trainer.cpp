@@ -101,6 +101,7 @@ struct Trainer::StepStats {
   double loss = 0, grad_norm = 0;
   int64_t tokens = 0, samples = 0;
   double flops = 0;
+  double grad_sync_s = 0;  // waiting for the gradient all-reduce after backward
 };
 
 Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
@@ -147,6 +148,9 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
       trainable_.push_back(param);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
+  if (comm_)
+    reducer_ = std::make_unique<dist::GradReducer>(comm_, trainable_, job_.parallel.bucket_mb << 20,
+                                                   job_.parallel.overlap_grad_reduce);
   optimizer_ = std::make_unique<AdamW>(std::move(params),
                                        AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
 }
@@ -227,9 +231,12 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   // depend on how the batch is split into micro-batches or over data-parallel ranks.
   const double scale = 1.0 / static_cast<double>(targets);
   double loss_sum = 0;
-  for (const auto& batch : micro_batches) {
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const data::Batch& batch = micro_batches[m];
     auto logits = model_->forward(model_inputs(batch));
     auto loss = token_loss_sum(logits, batch.labels);
+    // Only the last micro-batch's backward communicates: earlier ones only accumulate.
+    if (reducer_ && m + 1 == micro_batches.size()) reducer_->arm();
     (loss * scale).backward();
     loss_sum += loss.item<double>();
     stats.tokens += batch.attention_mask.sum().item<int64_t>();
@@ -239,12 +246,7 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   }
   if (comm_) {
     // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
-    std::vector<at::Tensor> grads;
-    for (auto& p : trainable_) {
-      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);  // a rank with no samples
-      grads.push_back(p.grad());
-    }
-    comm_->all_reduce_sum(grads);
+    stats.grad_sync_s = reducer_->finish();
     const auto totals = sum_over_ranks(
         {loss_sum, static_cast<double>(stats.tokens), static_cast<double>(stats.samples), stats.flops});
     loss_sum = totals[0];
@@ -304,6 +306,7 @@ std::optional<EvalResult> Trainer::train() {
   const auto start = Clock::now();
   // Time the steps spent waiting for the loader, over all their time (this run's steps).
   double total_data_wait = 0, total_step_time = 0;
+  double total_grad_sync = 0;  // waiting for the gradient all-reduce after backward (data parallel)
   int64_t overlong_truncated = 0, overlong_dropped = 0;  // this run's over-long training samples
   int64_t skipped = 0;                                   // and its unusable ones
   auto log_loader_share = [&] {
@@ -312,6 +315,12 @@ std::optional<EvalResult> Trainer::train() {
         "over-long samples: {} truncated, {} dropped; unusable samples skipped: {}",
         100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time,
         overlong_truncated, overlong_dropped, skipped);
+    if (reducer_)
+      spdlog::info(
+          "gradient all-reduce: {:.3f} s waited after backward in {:.1f} s of steps ({} buckets of up to {} "
+          "MiB, overlap {}; last step: {} started during backward)",
+          total_grad_sync, total_step_time, reducer_->bucket_count(), job_.parallel.bucket_mb,
+          job_.parallel.overlap_grad_reduce ? "on" : "off", reducer_->started_in_backward());
   };
   while (step_ < t.steps) {
     const auto step_start = Clock::now();
@@ -339,6 +348,7 @@ std::optional<EvalResult> Trainer::train() {
     const double seconds = seconds_since(step_start);
     total_data_wait += data_wait;
     total_step_time += seconds;
+    total_grad_sync += stats.grad_sync_s;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
     const double mfu = stats.flops / seconds / (peak_flops_ * static_cast<double>(dp_));
     if (metrics)
@@ -350,7 +360,8 @@ std::optional<EvalResult> Trainer::train() {
                       {"samples_per_s", samples_per_s},
                       {"mfu", mfu},
                       {"step_time_s", seconds},
-                      {"data_wait_s", data_wait}});
+                      {"data_wait_s", data_wait},
+                      {"grad_sync_s", stats.grad_sync_s}});
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, mfu, seconds_since(start));
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {

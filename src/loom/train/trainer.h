@@ -10,6 +10,7 @@
 
 #include "loom/config/config.h"
 #include "loom/dist/comm.h"
+#include "loom/dist/grad_reducer.h"
 #include "loom/models/qwen2_vl/model.h"
 #include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
@@ -76,6 +77,7 @@ class Trainer {
 
   config::JobConfig job_;
   std::shared_ptr<dist::Comm> comm_;
+  std::unique_ptr<dist::GradReducer> reducer_;  // with comm_: sums the gradients over the ranks
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;

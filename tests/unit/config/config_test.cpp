@@ -67,6 +67,8 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 3);
   EXPECT_EQ(c.parallel.timeout_s, 45);
+  EXPECT_EQ(c.parallel.bucket_mb, 4);
+  EXPECT_FALSE(c.parallel.overlap_grad_reduce);
 
   EXPECT_EQ(c.features.recompute, "none");
 
@@ -167,6 +169,8 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 0);
   EXPECT_EQ(c.parallel.timeout_s, 300);
+  EXPECT_EQ(c.parallel.bucket_mb, 25);
+  EXPECT_TRUE(c.parallel.overlap_grad_reduce);
 
   EXPECT_EQ(c.features.recompute, "none");
 
