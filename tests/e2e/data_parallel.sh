@@ -1,7 +1,9 @@
 # Data parallelism through `loom run` over Gloo: 20 fp32 steps of the tiny shapes job with the same
 # seed and global batch give, on 2 ranks (2 micro-batches each) and on 4 ranks, the loss of the
 # single-process run at every step and the same final weights, whether the gradient buckets are
-# summed during backward (overlap, 1 MiB buckets) or after it. Then the failures: a world size
+# summed during backward (overlap, 1 MiB buckets) or after it, and under ZeRO-1 on 4 ranks. A
+# ZeRO-1 checkpoint of step 10 resumes under plain dp=2 with the single-process losses of steps
+# 11-20 (checkpoints hold the whole optimizer state whatever the layout). Then the failures: a world size
 # the layout cannot use is a one-line error, and a rank killed mid-run stops the others with a
 # message naming it.
 source "$(dirname "$0")/lib.bash"
@@ -20,6 +22,12 @@ dp_run() {  # name, ranks, extra options...
 dp_run dp2 2 --set parallel.bucket_mb=1
 dp_run dp2_after_backward 2 --set parallel.overlap_grad_reduce=false
 dp_run dp4 4 --set parallel.bucket_mb=1
+dp_run zero1_dp4 4 --set parallel.zero=1 --set training.save_every=10
+grep -q "^\[rank 0\] .*optimizer state [0-9.]* MiB (ZeRO-1: 1/4 of the master weights and moments)" "$WORK/zero1_dp4.log" ||
+  { cat "$WORK/zero1_dp4.log"; fail "zero1: no memory report"; }
+mkdir -p "$WORK/resumed_dp2" && cp -r "$WORK/zero1_dp4/step-00000010" "$WORK/resumed_dp2/"
+dp_run resumed_dp2 2
+grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/resumed_dp2.log" || { cat "$WORK/resumed_dp2.log"; fail "no resume"; }
 # The tiny model's 3.5 MB of gradients make 4 buckets of 1 MiB; with overlap some start during
 # backward (counted by the hooks, not timed), without it none do.
 grep -q "^\[rank 0\] .*gradient all-reduce: .* (4 buckets of up to 1 MiB, overlap on; last step: [1-4] started during backward)" \
@@ -46,11 +54,12 @@ def tensors(path):
 one = steps(f"{work}/one/metrics.jsonl")
 w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
 assert sorted(one) == list(range(1, 21))
-for name in ("dp2", "dp2_after_backward", "dp4"):
+for name in ("dp2", "dp2_after_backward", "dp4", "zero1_dp4", "resumed_dp2"):
     other = steps(f"{work}/{name}/metrics.jsonl")
-    assert sorted(other) == sorted(one), (name, sorted(other))
-    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in one)
-    print(f"{name} vs one process, steps 1-20: max relative loss difference {worst:.3e}")
+    first = 11 if name == "resumed_dp2" else 1
+    assert sorted(other) == list(range(first, 21)), (name, sorted(other))
+    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in other)
+    print(f"{name} vs one process, steps {first}-20: max relative loss difference {worst:.3e}")
     assert worst <= 1e-5, (name, worst)
     w = tensors(f"{work}/{name}/step-00000020/model.safetensors")
     assert sorted(w) == sorted(w1)

@@ -156,6 +156,44 @@ std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
   }
 }
 
+namespace {
+
+void check_flat(int64_t rank, const char* what, const at::Tensor& t) {
+  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || !t.is_contiguous() || t.dim() != 1)
+    throw DistributedError(
+        fmt::format("rank {}: {} needs contiguous 1-D tensors of a dtype Gloo sums, got {} of {} dimensions",
+                    rank, what, c10::toString(t.scalar_type()), t.dim()));
+}
+
+}  // namespace
+
+void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
+  check_flat(rank_, "reduce-scatter", input);
+  check_flat(rank_, "reduce-scatter", output);
+  if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
+    throw DistributedError(fmt::format("rank {}: reduce-scatter of {} elements into {} x {}", rank_,
+                                       input.numel(), size_, output.numel()));
+  at::Tensor send = input;
+  at::Tensor received = at::empty_like(input);
+  std::vector<int64_t> equal_splits;
+  run(rank_, "reduce-scatter", group_->timeout,
+      [&] { return group_->pg->alltoall_base(received, send, equal_splits, equal_splits); });
+  at::sum_out(output, received.view({size_, output.numel()}), {0});
+}
+
+void Comm::all_gather_flat(const at::Tensor& input, at::Tensor& output) {
+  check_flat(rank_, "all-gather", input);
+  check_flat(rank_, "all-gather", output);
+  if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
+    throw DistributedError(fmt::format("rank {}: all-gather of {} x {} elements into {}", rank_, size_,
+                                       input.numel(), output.numel()));
+  std::vector<at::Tensor> inputs{input};
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t r = 0; r < size_; ++r)
+    outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
+  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(outputs, inputs); });
+}
+
 std::vector<std::string> Comm::all_gather(const std::string& text) {
   // Lengths first, then every string padded to the longest.
   std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(text.size())}, at::kLong)};

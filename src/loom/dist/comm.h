@@ -38,6 +38,12 @@ class Comm {
   // must start its collectives in the same order. bf16 and half are not accepted (Gloo in libtorch
   // 1.13 cannot sum them): widen them first.
   std::unique_ptr<PendingWork> start_all_reduce_sum(at::Tensor flat);
+  // Sums `input` (size() equal chunks, contiguous) over the ranks and writes this rank's chunk of
+  // the sum into `output` (Gloo in libtorch 1.13 has no reduce-scatter: an all-to-all moves each
+  // chunk to its rank, the same bytes as a ring reduce-scatter, and the rank adds them up).
+  void reduce_scatter_sum(const at::Tensor& input, at::Tensor& output);
+  // Every rank's `input` (same size everywhere), concatenated in rank order into `output`.
+  void all_gather_flat(const at::Tensor& input, at::Tensor& output);
   // Every rank's string, in rank order.
   std::vector<std::string> all_gather(const std::string& text);
   void barrier();

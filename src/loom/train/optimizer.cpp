@@ -24,16 +24,30 @@ void check_unit_interval(const char* key, double value) {
 }  // namespace
 
 AdamW::AdamW(std::vector<NamedParam> params, AdamWOptions options) : options_(options) {
+  check(params, options);
+  at::NoGradGuard no_grad;
+  slots_.reserve(params.size());
+  for (auto& np : params) {
+    Slot s;
+    s.decay = decays(np);
+    s.exp_avg = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
+    s.exp_avg_sq = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
+    if (np.param.scalar_type() == at::kBFloat16)
+      s.master = np.param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
+    s.p = std::move(np);
+    slots_.push_back(std::move(s));
+  }
+}
+
+void AdamW::check(const std::vector<NamedParam>& params, const AdamWOptions& options) {
   check_unit_interval("beta1", options.beta1);
   check_unit_interval("beta2", options.beta2);
   if (!(options.eps > 0.0)) throw ConfigError(fmt::format("AdamW: eps = {} must be > 0", options.eps));
   if (!(options.weight_decay >= 0.0))
     throw ConfigError(fmt::format("AdamW: weight_decay = {} must be >= 0", options.weight_decay));
 
-  at::NoGradGuard no_grad;
   std::set<std::string> seen;
-  slots_.reserve(params.size());
-  for (auto& np : params) {
+  for (const auto& np : params) {
     if (!np.param.defined()) throw ModelError(fmt::format("AdamW: parameter '{}' is undefined", np.name));
     const auto dtype = np.param.scalar_type();
     if (dtype != at::kFloat && dtype != at::kBFloat16)
@@ -41,14 +55,6 @@ AdamW::AdamW(std::vector<NamedParam> params, AdamWOptions options) : options_(op
                                    np.name, c10::toString(dtype)));
     if (!seen.insert(np.name).second)
       throw ModelError(fmt::format("AdamW: parameter name '{}' is given twice", np.name));
-    Slot s;
-    s.decay = decays(np);
-    s.exp_avg = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
-    s.exp_avg_sq = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
-    if (dtype == at::kBFloat16)
-      s.master = np.param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
-    s.p = std::move(np);
-    slots_.push_back(std::move(s));
   }
 }
 

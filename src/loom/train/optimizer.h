@@ -44,6 +44,8 @@ class AdamW {
 
   // Weight decay applies to matrices and higher (dim >= 2), never to norm scales or biases.
   static bool decays(const NamedParam& p);
+  // The checks the constructor makes (ConfigError for options, ModelError for parameters).
+  static void check(const std::vector<NamedParam>& params, const AdamWOptions& options);
 
  private:
   struct Slot {

@@ -148,11 +148,24 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
       trainable_.push_back(param);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
-  if (comm_)
-    reducer_ = std::make_unique<dist::GradReducer>(comm_, trainable_, job_.parallel.bucket_mb << 20,
-                                                   job_.parallel.overlap_grad_reduce);
-  optimizer_ = std::make_unique<AdamW>(std::move(params),
-                                       AdamWOptions{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay});
+  const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  if (comm_ && job_.parallel.zero == 1) {
+    // ZeRO-1: the optimizer reduce-scatters the gradients itself.
+    sharded_ = std::make_unique<ShardedAdamW>(comm_, std::move(params), adamw);
+  } else {
+    if (comm_)
+      reducer_ = std::make_unique<dist::GradReducer>(comm_, trainable_, job_.parallel.bucket_mb << 20,
+                                                     job_.parallel.overlap_grad_reduce);
+    optimizer_ = std::make_unique<AdamW>(std::move(params), adamw);
+  }
+  int64_t param_bytes = 0;
+  for (const auto& p : trainable_) param_bytes += p.nbytes();
+  spdlog::info(
+      "memory on this rank: trainable parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer state {:.1f} "
+      "MiB{}",
+      param_bytes / 1048576.0, param_bytes / 1048576.0,
+      (sharded_ ? sharded_->state_bytes() : optimizer_->state_bytes()) / 1048576.0,
+      sharded_ ? fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", comm_->size()) : "");
 }
 
 Trainer::~Trainer() = default;
@@ -177,7 +190,11 @@ void Trainer::resume_from(const std::string& dir) {
   checkpoint::SafetensorsReader reader(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& name : reader.names()) tensors.emplace_back(name, reader.load(name));
-  optimizer_->load_state_dict(tensors);
+  if (sharded_) {
+    sharded_->load_state_dict(tensors);
+  } else {
+    optimizer_->load_state_dict(tensors);
+  }
   step_ = state.at("step").get<int64_t>();
   if (state.at("global_batch_size").get<int64_t>() != job_.training.global_batch_size)
     throw CheckpointError(
@@ -188,6 +205,8 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::save_checkpoint() {
+  // Under ZeRO-1 every rank takes part in gathering the optimizer state.
+  const auto optimizer_state = sharded_ ? sharded_->state_dict() : optimizer_->state_dict();
   if (!is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
     comm_->barrier();
     return;
@@ -200,7 +219,7 @@ void Trainer::save_checkpoint() {
   checkpoint::write_text_file_durable(dir + "/config.json",
                                       models::to_hf_config(model_config_).dump(2) + "\n");
   data_->save_tokenizer(dir);
-  checkpoint::save_safetensors(dir + "/optimizer.safetensors", optimizer_->state_dict());
+  checkpoint::save_safetensors(dir + "/optimizer.safetensors", optimizer_state);
   nlohmann::json state = {{"step", step_},
                           {"global_batch_size", t.global_batch_size},
                           {"micro_batch_size", t.micro_batch_size},
@@ -246,7 +265,13 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   }
   if (comm_) {
     // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
-    stats.grad_sync_s = reducer_->finish();
+    if (sharded_) {
+      const auto begin = Clock::now();
+      stats.grad_norm = sharded_->reduce_gradients(job_.training.clip_grad);
+      stats.grad_sync_s = seconds_since(begin);
+    } else {
+      stats.grad_sync_s = reducer_->finish();
+    }
     const auto totals = sum_over_ranks(
         {loss_sum, static_cast<double>(stats.tokens), static_cast<double>(stats.samples), stats.flops});
     loss_sum = totals[0];
@@ -255,7 +280,7 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     stats.flops = totals[3];
   }
   stats.loss = loss_sum * scale;
-  stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
+  if (!sharded_) stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
   return stats;
 }
 
@@ -321,6 +346,9 @@ std::optional<EvalResult> Trainer::train() {
           "MiB, overlap {}; last step: {} started during backward)",
           total_grad_sync, total_step_time, reducer_->bucket_count(), job_.parallel.bucket_mb,
           job_.parallel.overlap_grad_reduce ? "on" : "off", reducer_->started_in_backward());
+    if (sharded_)
+      spdlog::info("gradient reduce-scatter (ZeRO-1): {:.3f} s after backward in {:.1f} s of steps",
+                   total_grad_sync, total_step_time);
   };
   while (step_ < t.steps) {
     const auto step_start = Clock::now();
@@ -341,8 +369,13 @@ std::optional<EvalResult> Trainer::train() {
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
     auto stats = train_step(micro_batches);
-    optimizer_->step(lr);
-    optimizer_->zero_grad();
+    if (sharded_) {
+      sharded_->step(lr);
+      sharded_->zero_grad();
+    } else {
+      optimizer_->step(lr);
+      optimizer_->zero_grad();
+    }
     ++step_;
 
     const double seconds = seconds_since(step_start);

@@ -14,6 +14,7 @@
 #include "loom/models/qwen2_vl/model.h"
 #include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
+#include "loom/train/sharded_adamw.h"
 
 namespace loom::train {
 
@@ -81,7 +82,8 @@ class Trainer {
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;
-  std::unique_ptr<AdamW> optimizer_;
+  std::unique_ptr<AdamW> optimizer_;       // one of these two:
+  std::unique_ptr<ShardedAdamW> sharded_;  // parallel.zero=1 over several ranks
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;
   int64_t dp_ = 1;            // data-parallel ranks
