@@ -185,11 +185,11 @@ std::vector<DatasetFile> read_dataset_files(const YamlValue* list, const std::st
 }
 
 DataSection read_data(const YamlValue* section, const std::string& source) {
-  const SectionReader r(
-      section, "data",
-      {"dataset", "tokenizer", "datasets", "eval_datasets", "train_on_prompt", "min_pixels", "max_pixels",
-       "dir", "image_size", "eval_samples", "max_seq_len", "overlong", "packing", "num_workers", "prefetch"},
-      source);
+  const SectionReader r(section, "data",
+                        {"dataset", "tokenizer", "datasets", "eval_datasets", "train_on_prompt", "min_pixels",
+                         "max_pixels", "dir", "image_size", "hflip", "eval_samples", "max_seq_len",
+                         "overlong", "packing", "num_workers", "prefetch"},
+                        source);
   DataSection d;
   r.read("dataset", d.dataset);
   r.one_of("dataset", d.dataset, {"shapes_vqa", "fashion_mnist", "messages"});
@@ -223,6 +223,14 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
   r.read("image_size", d.image_size);
   if (d.image_size <= 0 || d.image_size % 28 != 0)
     r.fail("image_size", fmt::format("must be a positive multiple of 28, got {}", d.image_size));
+  r.read("hflip", d.hflip);
+  if (d.hflip && d.dataset != "fashion_mnist")
+    r.fail(
+        "hflip",
+        d.dataset == "shapes_vqa"
+            ? std::string(
+                  "shapes_vqa asks which side a shape is on: a mirrored image would contradict its answers")
+            : fmt::format("is only available for dataset fashion_mnist, not {}", d.dataset));
   r.read("eval_samples", d.eval_samples);
   r.at_least("eval_samples", d.eval_samples, int64_t{1});
   r.read("max_seq_len", d.max_seq_len);
@@ -395,7 +403,7 @@ bool operator==(const DataSection& a, const DataSection& b) {
          a.min_pixels == b.min_pixels && a.max_pixels == b.max_pixels && a.dir == b.dir &&
          a.image_size == b.image_size && a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len &&
          a.overlong == b.overlong && a.packing == b.packing && a.num_workers == b.num_workers &&
-         a.prefetch == b.prefetch;
+         a.prefetch == b.prefetch && a.hflip == b.hflip;
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&

@@ -38,6 +38,7 @@ struct DataSection {
   // shapes_vqa and fashion_mnist only:
   std::string dir;          // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;  // positive multiple of 28
+  bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
   // every dataset:
   int64_t eval_samples = 1000;    // > 0
   int64_t max_seq_len = 1024;     // > 0

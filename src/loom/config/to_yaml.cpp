@@ -106,6 +106,7 @@ std::string to_yaml(const JobConfig& c) {
   } else {
     line("dir", yaml_string(c.data.dir));
     line("image_size", integer(c.data.image_size));
+    line("hflip", boolean(c.data.hflip));
   }
   line("eval_samples", integer(c.data.eval_samples));
   line("max_seq_len", integer(c.data.max_seq_len));

@@ -50,8 +50,9 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwe
   image_options_.max_pixels = data.image_size * data.image_size;
 }
 
-// The stream of counter_start that keys each epoch's order of a finite training split.
-constexpr uint64_t kEpochOrderStream = 2;
+// The streams of counter_start that key each epoch's order of a finite training split, and
+// which training samples data.hflip mirrors.
+constexpr uint64_t kEpochOrderStream = 2, kFlipStream = 3;
 
 data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
   int64_t at = index;
@@ -61,7 +62,12 @@ data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool w
                                             static_cast<uint64_t>(train_size_),
                                             counter_start(seed_, kEpochOrderStream, epoch)));
   }
-  auto ex = data::build_vqa_example(tokenizer_, sample_(split, at), image_options_, with_answer);
+  data::VqaSample sample = sample_(split, at);
+  // Keyed by the position in the run, not the dataset index: each epoch flips its own half.
+  if (split == data::Split::train && section_.hflip &&
+      (counter_start(seed_, kFlipStream, static_cast<uint64_t>(index)) & 1) != 0)
+    sample.image.flip_horizontal();
+  auto ex = data::build_vqa_example(tokenizer_, sample, image_options_, with_answer);
   // Held-out samples are never cut or dropped: the evaluation set stays what it says it is.
   if (split == data::Split::eval && static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len) {
     throw DataError(fmt::format("held-out sample {} has {} tokens, more than data.max_seq_len {}", at,

@@ -278,6 +278,10 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
             "job.yaml: features.recompute: 'full' is not one of none");
   EXPECT_EQ(parse_error(kMinimal + "tools: {log_level: verbose}\n"),
             "job.yaml: tools.log_level: 'verbose' is not one of trace, debug, info, warn, error");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: {hflip: true}\n"),
+      "job.yaml: data.hflip: shapes_vqa asks which side a shape is on: a mirrored image would contradict "
+      "its answers");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 2}\n"),
             "job.yaml: parallel.zero: 2 is not one of 0, 1, 3");
 }
@@ -350,7 +354,7 @@ TEST(ParseConfigErrors, ModelShapes) {
 TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
             "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, min_pixels, max_pixels, dir, image_size, eval_samples, max_seq_len, overlong, "
+            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, eval_samples, max_seq_len, overlong, "
             "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),

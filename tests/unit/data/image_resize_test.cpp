@@ -37,6 +37,15 @@ TEST(ImageResize, MatchesPillowBicubicExactly) {
   }
 }
 
+TEST(Image, FlipHorizontalMirrorsEachRow) {
+  Image image{2, 3, {1, 1, 1, 2, 2, 2, 3, 3, 3, /**/ 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  image.flip_horizontal();
+  EXPECT_EQ(image.rgb, (std::vector<uint8_t>{3, 3, 3, 2, 2, 2, 1, 1, 1, /**/ 10, 11, 12, 7, 8, 9, 4, 5, 6}));
+  Image wide{1, 4, {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}};
+  wide.flip_horizontal();
+  EXPECT_EQ(wide.rgb, (std::vector<uint8_t>{10, 11, 12, 7, 8, 9, 4, 5, 6, 1, 2, 3}));
+}
+
 TEST(ImageResize, EqualSizeIsACopy) {
   const Image image = decode_image_file(fixture("src_noise.png"));
   const Image same = resize_bicubic(image, image.height, image.width);

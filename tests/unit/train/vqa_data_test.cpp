@@ -56,6 +56,25 @@ TEST(VqaData, FashionImagesAreProcessedAtImageSize) {
             (std::array<int64_t, 3>{1, 4, 4}));
 }
 
+// data.hflip mirrors about half of the training images, the same ones for the same seed and run
+// position, and never a held-out image.
+TEST(VqaData, HflipMirrorsHalfTheTrainingImagesAndNoHeldOutOne) {
+  auto flipping = fashion();
+  flipping.hflip = true;
+  const VqaData plain(fashion(), 3), flipped(flipping, 3), again(flipping, 3);
+  const auto a = plain.train_examples(0, 200).examples, b = flipped.train_examples(0, 200).examples,
+             c = again.train_examples(0, 200).examples;
+  int mirrored = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    EXPECT_EQ(a[i].answer, b[i].answer);
+    EXPECT_TRUE(b[i].images[0].pixel_values.equal(c[i].images[0].pixel_values));
+    if (!a[i].images[0].pixel_values.equal(b[i].images[0].pixel_values)) ++mirrored;
+  }
+  EXPECT_GT(mirrored, 70);
+  EXPECT_LT(mirrored, 130);
+  EXPECT_TRUE(plain.eval_prompts(0, 20).pixel_values.equal(flipped.eval_prompts(0, 20).pixel_values));
+}
+
 TEST(VqaData, LimitsAreErrorsNamingTheKey) {
   try {
     VqaData(fashion(10001), 1);

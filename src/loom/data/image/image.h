@@ -1,6 +1,7 @@
 // An 8-bit RGB image in memory, the unit every image decoder produces and every image
 // processor consumes.
 #pragma once
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -22,6 +23,12 @@ struct Image {
       image.rgb[i + 2] = b;
     }
     return image;
+  }
+  // Mirrors the image left-right in place.
+  void flip_horizontal() {
+    for (int y = 0; y < height; ++y)
+      for (int x = 0, mirror = width - 1; x < mirror; ++x, --mirror)
+        std::swap_ranges(pixel(y, x), pixel(y, x) + 3, pixel(y, mirror));
   }
 };
 
