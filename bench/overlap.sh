@@ -23,6 +23,7 @@ if [ $# -eq 0 ] && [ "$CONFIG" = configs/shapes-qwen2vl-tiny.yaml ]; then
   set -- --set model.hf_config.hidden_size=512 --set model.hf_config.intermediate_size=1536 \
     --set model.hf_config.num_hidden_layers=4 --set model.hf_config.num_attention_heads=8 \
     --set model.hf_config.num_key_value_heads=4 --set model.hf_config.vision_config.hidden_size=512 \
+    --set "model.hf_config.rope_scaling.mrope_section=[8,12,12]" \
     --set training.global_batch_size=32 --set training.micro_batch_size=8
 fi
 WORK=$(mktemp -d)
