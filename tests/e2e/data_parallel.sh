@@ -68,14 +68,15 @@ for name in ("dp2", "dp2_after_backward", "dp4", "zero1_dp4", "resumed_dp2"):
     assert diff <= 1e-5, (name, diff)
 PY
 
-# A world the layout cannot use: one line, before any work.
+# A world the layout cannot use: one line, before any work (from whichever rank checks first; the
+# launcher then stops the others).
 set +e
 "$LOOM" run -n 3 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
   --set training.micro_batch_size=4 --set training.output_dir="$WORK/bad" > "$WORK/bad.log" 2>&1
 code=$?
 set -e
 [ "$code" -ne 0 ] || fail "dp=3 with a global batch of 16 should fail"
-grep -q "\[rank 0\] loom: error: .*training.global_batch_size=16 is not divisible by micro_batch_size\*dp = 4\*3 = 12" \
+grep -q "\[rank [0-2]\] loom: error: .*training.global_batch_size=16 is not divisible by micro_batch_size\*dp = 4\*3 = 12" \
   "$WORK/bad.log" || { cat "$WORK/bad.log"; fail "no one-line error for a wrong world size"; }
 ! grep -q "step 1/" "$WORK/bad.log" || fail "training started despite the wrong world size"
 

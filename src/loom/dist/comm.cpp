@@ -2,11 +2,15 @@
 #include "loom/dist/comm.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
+#include <mutex>
+#include <thread>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -14,35 +18,115 @@
 
 namespace loom::dist {
 
+namespace {
+
+constexpr auto kBeatPeriod = std::chrono::seconds(1);
+// How long a failed rank watches the others' heartbeats: several periods, so a live rank whose
+// beat thread waits a while for a core is not taken for a lost one.
+constexpr auto kBeatWatch = std::chrono::seconds(5);
+
+std::string beat_key(int64_t rank) { return fmt::format("loom/heartbeat/{}", rank); }
+
+// Bumps loom/heartbeat/<rank> in the store every kBeatPeriod, from its own thread over its own
+// store connection, so a rank blocked in a collective still beats and only a lost process stops.
+class Heartbeat {
+ public:
+  Heartbeat(const std::string& host, uint16_t port, int64_t rank, std::chrono::seconds timeout) {
+    c10d::TCPStoreOptions options;
+    options.port = port;
+    options.isServer = false;
+    options.waitWorkers = false;
+    options.timeout = timeout;
+    store_ = c10::make_intrusive<c10d::TCPStore>(host, options);
+    store_->add(beat_key(rank), 1);
+    thread_ = std::thread([this, key = beat_key(rank)] {
+      std::unique_lock<std::mutex> lock(mutex_);
+      while (!wake_.wait_for(lock, kBeatPeriod, [this] { return stop_; })) {
+        try {
+          store_->add(key, 1);
+        } catch (const std::exception&) {
+          return;  // the store's host is gone; the next collective reports it
+        }
+      }
+    });
+  }
+  ~Heartbeat() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_all();
+    thread_.join();
+  }
+
+ private:
+  c10::intrusive_ptr<c10d::TCPStore> store_;
+  std::thread thread_;
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+};
+
+}  // namespace
+
 struct Comm::Group {
   c10::intrusive_ptr<c10d::Store> store;
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
   std::chrono::seconds timeout;
+  std::unique_ptr<Heartbeat> heartbeat;
+  int64_t rank = 0, size = 1;
 };
 
 namespace {
+
+// After a failed collective: the ranks whose heartbeat stops moving over kBeatWatch, as
+// "; lost rank 1 (its heartbeat stopped)", or the store's host when the store is unreachable.
+std::string lost_ranks(const Comm::Group& group) {
+  if (!group.heartbeat) return "";
+  auto read = [&] {
+    std::vector<int64_t> beats;
+    for (int64_t r = 0; r < group.size; ++r) beats.push_back(group.store->add(beat_key(r), 0));
+    return beats;
+  };
+  try {
+    const std::vector<int64_t> before = read();
+    std::this_thread::sleep_for(kBeatWatch);
+    const std::vector<int64_t> after = read();
+    std::vector<std::string> lost;
+    for (int64_t r = 0; r < group.size; ++r)
+      if (r != group.rank && after[r] == before[r]) lost.push_back(std::to_string(r));
+    // The store lives in rank 0: it stays a while longer, so the other ranks can still read the
+    // heartbeats when they fail (later) themselves.
+    if (group.rank == 0) std::this_thread::sleep_for(kBeatWatch);
+    if (lost.empty()) return "";
+    return fmt::format("; lost rank{} {} (heartbeat stopped)", lost.size() > 1 ? "s" : "",
+                       fmt::join(lost, ", "));
+  } catch (const std::exception&) {
+    return "; lost rank 0 (it hosts the rendezvous store, which no longer answers)";
+  }
+}
 
 std::string first_line(std::string text) {
   if (const auto end = text.find('\n'); end != std::string::npos) text.resize(end);
   return text;
 }
 
-DistributedError collective_error(int64_t rank, const char* what, std::chrono::seconds timeout,
-                                  const std::exception& e) {
+DistributedError collective_error(const Comm::Group& group, const char* what, const std::exception& e) {
+  const std::string reason = first_line(e.what());
   return DistributedError(fmt::format(
-      "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s): {}", rank,
-      what, timeout.count(), first_line(e.what())));
+      "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s){}: {}",
+      group.rank, what, group.timeout.count(), lost_ranks(group), reason));
 }
 
 // Runs one collective and waits for it; a peer that died or a timeout becomes a DistributedError
 // naming this rank, the operation and the peers' deadline.
 template <typename Start>
-void run(int64_t rank, const char* what, std::chrono::seconds timeout, Start start) {
+void run(const Comm::Group& group, const char* what, Start start) {
   try {
     auto work = start();
     work->wait();
   } catch (const std::exception& e) {
-    throw collective_error(rank, what, timeout, e);
+    throw collective_error(group, what, e);
   }
 }
 
@@ -51,21 +135,20 @@ using WorkPtr =
 
 class GlooPendingWork : public PendingWork {
  public:
-  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, int64_t rank, std::chrono::seconds timeout)
-      : work_(std::move(work)), tensors_(std::move(tensors)), rank_(rank), timeout_(timeout) {}
+  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, const Comm::Group& group)
+      : work_(std::move(work)), tensors_(std::move(tensors)), group_(group) {}
   void wait() override {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      throw collective_error(rank_, "all-reduce", timeout_, e);
+      throw collective_error(group_, "all-reduce", e);
     }
   }
 
  private:
   WorkPtr work_;
   std::vector<at::Tensor> tensors_;  // alive until the collective is done
-  int64_t rank_;
-  std::chrono::seconds timeout_;
+  const Comm::Group& group_;         // the Comm outlives its pending work
 };
 
 }  // namespace
@@ -78,6 +161,8 @@ Comm::~Comm() = default;
 std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout) {
   auto group = std::make_unique<Group>();
   group->timeout = timeout;
+  group->rank = env.rank;
+  group->size = env.world_size;
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(env.master_port);
@@ -96,6 +181,10 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
     }
     group->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group->store, static_cast<int>(env.rank),
                                                             static_cast<int>(env.world_size), options);
+    if (env.world_size > 1) {
+      const auto& tcp = static_cast<const c10d::TCPStore&>(*group->store);
+      group->heartbeat = std::make_unique<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, timeout);
+    }
   } catch (const std::exception& e) {
     std::string reason = e.what();
     if (const auto end = reason.find('\n'); end != std::string::npos) reason.resize(end);
@@ -133,7 +222,7 @@ void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
       const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf;
       std::vector<at::Tensor> flat{at::cat(flat_parts)};
       if (widen) flat[0] = flat[0].to(at::kFloat);
-      run(rank_, "all-reduce", group_->timeout, [&] { return group_->pg->allreduce(flat); });
+      run(*group_, "all-reduce", [&] { return group_->pg->allreduce(flat); });
       int64_t offset = 0;
       for (auto& t : bucket) {
         t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
@@ -150,9 +239,9 @@ std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
   std::vector<at::Tensor> tensors{flat.is_contiguous() ? flat : flat.contiguous()};
   try {
     auto work = group_->pg->allreduce(tensors);
-    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), rank_, group_->timeout);
+    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), *group_);
   } catch (const std::exception& e) {
-    throw collective_error(rank_, "all-reduce", group_->timeout, e);
+    throw collective_error(*group_, "all-reduce", e);
   }
 }
 
@@ -176,7 +265,7 @@ void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
   at::Tensor send = input;
   at::Tensor received = at::empty_like(input);
   std::vector<int64_t> equal_splits;
-  run(rank_, "reduce-scatter", group_->timeout,
+  run(*group_, "reduce-scatter",
       [&] { return group_->pg->alltoall_base(received, send, equal_splits, equal_splits); });
   at::sum_out(output, received.view({size_, output.numel()}), {0});
 }
@@ -191,7 +280,7 @@ void Comm::all_gather_flat(const at::Tensor& input, at::Tensor& output) {
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t r = 0; r < size_; ++r)
     outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
-  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(outputs, inputs); });
+  run(*group_, "all-gather", [&] { return group_->pg->allgather(outputs, inputs); });
 }
 
 std::vector<std::string> Comm::all_gather(const std::string& text) {
@@ -199,14 +288,14 @@ std::vector<std::string> Comm::all_gather(const std::string& text) {
   std::vector<at::Tensor> length{at::tensor({static_cast<int64_t>(text.size())}, at::kLong)};
   std::vector<std::vector<at::Tensor>> lengths(1);
   for (int64_t r = 0; r < size_; ++r) lengths[0].push_back(at::empty({1}, at::kLong));
-  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(lengths, length); });
+  run(*group_, "all-gather", [&] { return group_->pg->allgather(lengths, length); });
   int64_t longest = 0;
   for (const auto& l : lengths[0]) longest = std::max(longest, l.item<int64_t>());
   std::vector<at::Tensor> mine{at::zeros({std::max<int64_t>(longest, 1)}, at::kByte)};
   std::memcpy(mine[0].data_ptr<uint8_t>(), text.data(), text.size());
   std::vector<std::vector<at::Tensor>> all(1);
   for (int64_t r = 0; r < size_; ++r) all[0].push_back(at::empty_like(mine[0]));
-  run(rank_, "all-gather", group_->timeout, [&] { return group_->pg->allgather(all, mine); });
+  run(*group_, "all-gather", [&] { return group_->pg->allgather(all, mine); });
   std::vector<std::string> out;
   for (int64_t r = 0; r < size_; ++r)
     out.emplace_back(reinterpret_cast<const char*>(all[0][r].data_ptr<uint8_t>()),
@@ -215,7 +304,7 @@ std::vector<std::string> Comm::all_gather(const std::string& text) {
 }
 
 void Comm::barrier() {
-  run(rank_, "barrier", group_->timeout, [&] { return group_->pg->barrier(); });
+  run(*group_, "barrier", [&] { return group_->pg->barrier(); });
 }
 
 }  // namespace loom::dist

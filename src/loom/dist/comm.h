@@ -1,6 +1,8 @@
 // The data-parallel process group: c10d's Gloo backend joined through a TCPStore, with the
 // collectives Loom's training loop needs (sum all-reduce of many tensors in flat buckets, string
-// all-gather, barrier), each failure a DistributedError naming this rank and the operation.
+// all-gather, barrier), each failure a DistributedError naming this rank and the operation. Every
+// rank beats a heartbeat into the store from a thread of its own, so that after a failed collective
+// the survivors name the ranks whose heartbeat stopped (a killed or hung process).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -50,8 +52,9 @@ class Comm {
 
   static constexpr int64_t kBucketBytes = 25 << 20;
 
+  struct Group;  // the c10d objects, defined in comm.cpp
+
  private:
-  struct Group;
   Comm(std::unique_ptr<Group> group, int64_t rank, int64_t size);
   std::unique_ptr<Group> group_;
   int64_t rank_ = 0, size_ = 1;
