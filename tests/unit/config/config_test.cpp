@@ -352,10 +352,11 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
-            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, eval_samples, max_seq_len, overlong, "
-            "packing, num_workers, prefetch), got '5'");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: 5\n"),
+      "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+      "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, eval_samples, max_seq_len, overlong, "
+      "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
