@@ -60,12 +60,21 @@ void AdamW::check(const std::vector<NamedParam>& params, const AdamWOptions& opt
 
 bool AdamW::decays(const NamedParam& p) { return p.param.dim() >= 2; }
 
+void adam_update(at::Tensor& w, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
+                 int64_t step, const AdamWOptions& options) {
+  const double b1 = options.beta1, b2 = options.beta2;
+  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step));
+  const double sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step)));
+  exp_avg.mul_(b1).add_(g, 1.0 - b1);            // m = b1*m + (1-b1)*g
+  exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);  // v = b2*v + (1-b2)*g*g
+  // sqrt(vhat) + eps, with vhat = v / (1 - b2^t)
+  at::Tensor denom = exp_avg_sq.sqrt().div_(sqrt_bias_correction2).add_(options.eps);
+  w.addcdiv_(exp_avg, denom, -lr / bias_correction1);  // p -= lr * mhat / denom
+}
+
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   for (auto& s : slots_) {
     const at::Tensor& grad = s.p.param.grad();
     if (!grad.defined()) continue;
@@ -73,12 +82,8 @@ void AdamW::step(double lr) {
     at::Tensor w = s.master.defined() ? s.master : s.p.param;
     at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
     if (s.decay && options_.weight_decay != 0.0) w.mul_(1.0 - lr * options_.weight_decay);
-    s.exp_avg.mul_(b1).add_(g, 1.0 - b1);            // m = b1*m + (1-b1)*g
-    s.exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);  // v = b2*v + (1-b2)*g*g
-    // sqrt(vhat) + eps, with vhat = v / (1 - b2^t)
-    at::Tensor denom = s.exp_avg_sq.sqrt().div_(sqrt_bias_correction2).add_(options_.eps);
-    w.addcdiv_(s.exp_avg, denom, -lr / bias_correction1);  // p -= lr * mhat / denom
-    if (s.master.defined()) s.p.param.copy_(s.master);     // round the master into the bf16 param
+    adam_update(w, g, s.exp_avg, s.exp_avg_sq, lr, step_, options_);
+    if (s.master.defined()) s.p.param.copy_(s.master);  // round the master into the bf16 param
   }
 }
 

@@ -20,6 +20,12 @@ struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
 };
 
+// Adam's moment update and step of the fp32 tensor `w` by the fp32 gradient `g`, in place, at
+// optimizer step `step` (1-based, for the bias corrections). Decoupled weight decay is the
+// caller's, applied to `w` before.
+void adam_update(at::Tensor& w, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
+                 int64_t step, const AdamWOptions& options);
+
 class AdamW {
  public:
   // Allocates the state (zeros) and the master copies at once, so state_bytes() is known up front.

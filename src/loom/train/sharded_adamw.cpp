@@ -58,17 +58,11 @@ void ShardedAdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
   // AdamW::step's arithmetic, element for element, on this rank's slice.
-  const double b1 = options_.beta1, b2 = options_.beta2;
-  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step_));
-  const double sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step_)));
   if (options_.weight_decay != 0.0) {
     const at::Tensor decayed = master_ * (1.0 - lr * options_.weight_decay);
     master_ = at::where(decays_, decayed, master_);
   }
-  exp_avg_.mul_(b1).add_(grad_, 1.0 - b1);
-  exp_avg_sq_.mul_(b2).addcmul_(grad_, grad_, 1.0 - b2);
-  at::Tensor denom = exp_avg_sq_.sqrt().div_(sqrt_bias_correction2).add_(options_.eps);
-  master_.addcdiv_(exp_avg_, denom, -lr / bias_correction1);
+  adam_update(master_, grad_, exp_avg_, exp_avg_sq_, lr, step_, options_);
 
   const at::Tensor weights = gather(master_);
   for (size_t i = 0; i < params_.size(); ++i) {
