@@ -5,12 +5,14 @@
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
 #include <map>
 #include <mutex>
 #include <thread>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
@@ -70,11 +72,15 @@ class Heartbeat {
 }  // namespace
 
 struct Comm::Group {
-  c10::intrusive_ptr<c10d::Store> store;
+  c10::intrusive_ptr<c10d::Store> store;  // the world's: heartbeats, and each subgroup's rendezvous
   c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options;  // subgroups are made alike
   std::chrono::seconds timeout;
-  std::unique_ptr<Heartbeat> heartbeat;
-  int64_t rank = 0, size = 1;
+  std::shared_ptr<Heartbeat> heartbeat;  // the world's, shared by its subgroups
+  std::string name;                      // empty for the world
+  int64_t rank = 0, size = 1;            // within this group
+  std::vector<int64_t> world_ranks;      // of this group's members, in group order
+  int64_t world_rank = 0, world_size = 1;
 };
 
 namespace {
@@ -85,7 +91,7 @@ std::string lost_ranks(const Comm::Group& group) {
   if (!group.heartbeat) return "";
   auto read = [&] {
     std::vector<int64_t> beats;
-    for (int64_t r = 0; r < group.size; ++r) beats.push_back(group.store->add(beat_key(r), 0));
+    for (int64_t r = 0; r < group.world_size; ++r) beats.push_back(group.store->add(beat_key(r), 0));
     return beats;
   };
   try {
@@ -93,11 +99,11 @@ std::string lost_ranks(const Comm::Group& group) {
     std::this_thread::sleep_for(kBeatWatch);
     const std::vector<int64_t> after = read();
     std::vector<std::string> lost;
-    for (int64_t r = 0; r < group.size; ++r)
-      if (r != group.rank && after[r] == before[r]) lost.push_back(std::to_string(r));
+    for (int64_t r = 0; r < group.world_size; ++r)
+      if (r != group.world_rank && after[r] == before[r]) lost.push_back(std::to_string(r));
     // The store lives in rank 0: it stays a while longer, so the other ranks can still read the
     // heartbeats when they fail (later) themselves.
-    if (group.rank == 0) std::this_thread::sleep_for(kBeatWatch);
+    if (group.world_rank == 0) std::this_thread::sleep_for(kBeatWatch);
     if (lost.empty()) return "";
     return fmt::format("; lost rank{} {} (heartbeat stopped)", lost.size() > 1 ? "s" : "",
                        fmt::join(lost, ", "));
@@ -114,8 +120,9 @@ std::string first_line(std::string text) {
 DistributedError collective_error(const Comm::Group& group, const char* what, const std::exception& e) {
   const std::string reason = first_line(e.what());
   return DistributedError(fmt::format(
-      "rank {}: {} failed (another rank exited, or none answered within parallel.timeout_s {} s){}: {}",
-      group.rank, what, group.timeout.count(), lost_ranks(group), reason));
+      "rank {}: {}{} failed (another rank exited, or none answered within parallel.timeout_s {} s){}: {}",
+      group.world_rank, what, group.name.empty() ? "" : " in group " + group.name, group.timeout.count(),
+      lost_ranks(group), reason));
 }
 
 // Runs one collective and waits for it; a peer that died or a timeout becomes a DistributedError
@@ -161,8 +168,9 @@ Comm::~Comm() = default;
 std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout) {
   auto group = std::make_unique<Group>();
   group->timeout = timeout;
-  group->rank = env.rank;
-  group->size = env.world_size;
+  group->rank = group->world_rank = env.rank;
+  group->size = group->world_size = env.world_size;
+  for (int64_t r = 0; r < env.world_size; ++r) group->world_ranks.push_back(r);
   try {
     c10d::TCPStoreOptions store_options;
     store_options.port = static_cast<uint16_t>(env.master_port);
@@ -170,7 +178,8 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
     store_options.numWorkers = static_cast<size_t>(env.world_size);
     store_options.timeout = timeout;
     group->store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
-    auto options = c10d::ProcessGroupGloo::Options::create(timeout);
+    auto& options = group->options;
+    options = c10d::ProcessGroupGloo::Options::create(timeout);
     if (const char* ifname = std::getenv("GLOO_SOCKET_IFNAME"); ifname && *ifname) {
       options->devices.push_back(c10d::ProcessGroupGloo::createDeviceForInterface(ifname));
     } else if (env.local_world_size == env.world_size) {
@@ -183,7 +192,7 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
                                                             static_cast<int>(env.world_size), options);
     if (env.world_size > 1) {
       const auto& tcp = static_cast<const c10d::TCPStore&>(*group->store);
-      group->heartbeat = std::make_unique<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, timeout);
+      group->heartbeat = std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, timeout);
     }
   } catch (const std::exception& e) {
     std::string reason = e.what();
@@ -232,10 +241,43 @@ void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
   }
 }
 
+std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<int64_t>& members) const {
+  const auto self = std::find(members.begin(), members.end(), rank_);
+  if (self == members.end() || !std::is_sorted(members.begin(), members.end()) ||
+      std::adjacent_find(members.begin(), members.end()) != members.end() || members.front() < 0 ||
+      members.back() >= size_)
+    throw DistributedError(
+        fmt::format("rank {}: group {} must list distinct ranks in increasing order, below {}, "
+                    "this rank among them",
+                    group_->world_rank, name, size_));
+  auto group = std::make_unique<Group>();
+  group->store = group_->store;
+  group->options = group_->options;
+  group->timeout = group_->timeout;
+  group->heartbeat = group_->heartbeat;
+  group->name = group_->name.empty() ? name : group_->name + "/" + name;
+  group->rank = self - members.begin();
+  group->size = static_cast<int64_t>(members.size());
+  for (int64_t member : members) group->world_ranks.push_back(group_->world_ranks[member]);
+  group->world_rank = group_->world_rank;
+  group->world_size = group_->world_size;
+  try {
+    auto store = c10::make_intrusive<c10d::PrefixStore>("loom/group/" + group->name, group_->store);
+    group->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(group->rank),
+                                                            static_cast<int>(group->size), group->options);
+  } catch (const std::exception& e) {
+    throw DistributedError(fmt::format("rank {}: cannot form group {} of ranks {}: {}", group->world_rank,
+                                       group->name, fmt::join(group->world_ranks, ", "),
+                                       first_line(e.what())));
+  }
+  const int64_t rank = group->rank, size = group->size;
+  return std::shared_ptr<Comm>(new Comm(std::move(group), rank, size));
+}
+
 std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
   if (flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf)
-    throw DistributedError(fmt::format("rank {}: all-reduce of {} is not supported: widen it to float", rank_,
-                                       c10::toString(flat.scalar_type())));
+    throw DistributedError(fmt::format("rank {}: all-reduce of {} is not supported: widen it to float",
+                                       group_->world_rank, c10::toString(flat.scalar_type())));
   std::vector<at::Tensor> tensors{flat.is_contiguous() ? flat : flat.contiguous()};
   try {
     auto work = group_->pg->allreduce(tensors);
@@ -257,11 +299,11 @@ void check_flat(int64_t rank, const char* what, const at::Tensor& t) {
 }  // namespace
 
 void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
-  check_flat(rank_, "reduce-scatter", input);
-  check_flat(rank_, "reduce-scatter", output);
+  check_flat(group_->world_rank, "reduce-scatter", input);
+  check_flat(group_->world_rank, "reduce-scatter", output);
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
-    throw DistributedError(fmt::format("rank {}: reduce-scatter of {} elements into {} x {}", rank_,
-                                       input.numel(), size_, output.numel()));
+    throw DistributedError(fmt::format("rank {}: reduce-scatter of {} elements into {} x {}",
+                                       group_->world_rank, input.numel(), size_, output.numel()));
   at::Tensor send = input;
   at::Tensor received = at::empty_like(input);
   std::vector<int64_t> equal_splits;
@@ -271,11 +313,11 @@ void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
 }
 
 void Comm::all_gather_flat(const at::Tensor& input, at::Tensor& output) {
-  check_flat(rank_, "all-gather", input);
-  check_flat(rank_, "all-gather", output);
+  check_flat(group_->world_rank, "all-gather", input);
+  check_flat(group_->world_rank, "all-gather", output);
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
-    throw DistributedError(fmt::format("rank {}: all-gather of {} x {} elements into {}", rank_, size_,
-                                       input.numel(), output.numel()));
+    throw DistributedError(fmt::format("rank {}: all-gather of {} x {} elements into {}", group_->world_rank,
+                                       size_, input.numel(), output.numel()));
   std::vector<at::Tensor> inputs{input};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t r = 0; r < size_; ++r)

@@ -33,6 +33,11 @@ class Comm {
   int64_t rank() const { return rank_; }
   int64_t size() const { return size_; }
 
+  // The ranks `members` of this group (increasing, this rank among them) as a group of their own,
+  // called `name` (unique: its rendezvous keys live under it in the store). Only the members call
+  // it, each with the same arguments. Errors name world ranks and the group.
+  std::shared_ptr<Comm> subgroup(const std::string& name, const std::vector<int64_t>& members) const;
+
   // Sums each tensor over the ranks, in place. Tensors of one dtype travel together in flat
   // buffers of up to kBucketBytes, so many small gradients cost a few messages.
   void all_reduce_sum(const std::vector<at::Tensor>& tensors);

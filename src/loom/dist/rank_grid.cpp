@@ -10,11 +10,11 @@
 namespace loom::dist {
 namespace {
 
-bool has(std::initializer_list<Axis> axes, Axis axis) {
+bool has(const std::vector<Axis>& axes, Axis axis) {
   return std::find(axes.begin(), axes.end(), axis) != axes.end();
 }
 
-bool expert_axes(std::initializer_list<Axis> axes) {
+bool expert_axes(const std::vector<Axis>& axes) {
   const bool expert = has(axes, Axis::ep) || has(axes, Axis::edp);
   if (expert && (has(axes, Axis::cp) || has(axes, Axis::dp)))
     throw std::invalid_argument("rank groups: ep and edp combine with tp and pp only, not with cp or dp");
@@ -77,7 +77,7 @@ int64_t RankGrid::index(int64_t rank, Axis axis) const {
   return 0;
 }
 
-std::vector<int64_t> RankGrid::group_of(int64_t rank, std::initializer_list<Axis> axes) const {
+std::vector<int64_t> RankGrid::group_of(int64_t rank, const std::vector<Axis>& axes) const {
   const bool expert = expert_axes(axes);
   // The axes that stay fixed within the group.
   const std::vector<Axis> system = expert ? std::vector<Axis>{Axis::tp, Axis::ep, Axis::edp, Axis::pp}
@@ -92,7 +92,7 @@ std::vector<int64_t> RankGrid::group_of(int64_t rank, std::initializer_list<Axis
   return out;
 }
 
-std::vector<std::vector<int64_t>> RankGrid::groups(std::initializer_list<Axis> axes) const {
+std::vector<std::vector<int64_t>> RankGrid::groups(const std::vector<Axis>& axes) const {
   std::vector<std::vector<int64_t>> out;
   std::vector<bool> placed(static_cast<size_t>(world_), false);
   for (int64_t rank = 0; rank < world_; ++rank) {

@@ -7,7 +7,6 @@
 // tp-ep-dp-pp).
 #pragma once
 #include <cstdint>
-#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -33,9 +32,9 @@ class RankGrid {
   // The ranks that differ from `rank` only along `axes` (e.g. {Axis::dp, Axis::cp}: the ranks that
   // sum gradients together), in increasing order. Expert axes (ep, edp) combine with tp and pp
   // only: mixing them with cp or dp is a std::invalid_argument.
-  std::vector<int64_t> group_of(int64_t rank, std::initializer_list<Axis> axes) const;
+  std::vector<int64_t> group_of(int64_t rank, const std::vector<Axis>& axes) const;
   // Every such group, ordered by its lowest rank.
-  std::vector<std::vector<int64_t>> groups(std::initializer_list<Axis> axes) const;
+  std::vector<std::vector<int64_t>> groups(const std::vector<Axis>& axes) const;
 
  private:
   GridSizes sizes_;
