@@ -148,13 +148,18 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
       trainable_.push_back(param);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
+  if (comm_) {
+    const auto& p = job_.parallel;
+    parallel_ = std::make_unique<dist::ParallelState>(comm_, dist::GridSizes{p.tp, p.cp, p.ep, dp_, p.pp});
+    data_comm_ = parallel_->group({dist::Axis::dp, dist::Axis::cp});
+  }
   const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
-  if (comm_ && job_.parallel.zero == 1) {
+  if (data_comm_ && job_.parallel.zero == 1) {
     // ZeRO-1: the optimizer reduce-scatters the gradients itself.
-    sharded_ = std::make_unique<ShardedAdamW>(comm_, std::move(params), adamw);
+    sharded_ = std::make_unique<ShardedAdamW>(data_comm_, std::move(params), adamw);
   } else {
-    if (comm_)
-      reducer_ = std::make_unique<dist::GradReducer>(comm_, trainable_, job_.parallel.bucket_mb << 20,
+    if (data_comm_)
+      reducer_ = std::make_unique<dist::GradReducer>(data_comm_, trainable_, job_.parallel.bucket_mb << 20,
                                                      job_.parallel.overlap_grad_reduce);
     optimizer_ = std::make_unique<AdamW>(std::move(params), adamw);
   }
@@ -165,7 +170,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
       "MiB{}",
       param_bytes / 1048576.0, param_bytes / 1048576.0,
       (sharded_ ? sharded_->state_bytes() : optimizer_->state_bytes()) / 1048576.0,
-      sharded_ ? fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", comm_->size()) : "");
+      sharded_ ? fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", data_comm_->size()) : "");
 }
 
 Trainer::~Trainer() = default;
@@ -234,9 +239,9 @@ void Trainer::save_checkpoint() {
 }
 
 std::vector<double> Trainer::sum_over_ranks(std::vector<double> values) const {
-  if (!comm_ || values.empty()) return values;
+  if (!data_comm_ || values.empty()) return values;
   auto t = at::tensor(values, at::kDouble);
-  comm_->all_reduce_sum({t});
+  data_comm_->all_reduce_sum({t});
   return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
@@ -310,7 +315,7 @@ std::optional<EvalResult> Trainer::train() {
   // One loader item is one step's micro-batches on this rank, so the data position is the step.
   // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
   const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()),
-                                     comm_ ? comm_->rank() : 0, dp_};
+                                     data_comm_ ? data_comm_->rank() : 0, dp_};
   const int64_t global = t.global_batch_size;
   data::PrefetchLoader<StepData> loader(
       [this, batching, global](int64_t step) {

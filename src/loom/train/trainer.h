@@ -11,6 +11,7 @@
 #include "loom/config/config.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/grad_reducer.h"
+#include "loom/dist/parallel_state.h"
 #include "loom/models/qwen2_vl/model.h"
 #include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
@@ -77,8 +78,10 @@ class Trainer {
   bool is_main() const { return !comm_ || comm_->rank() == 0; }
 
   config::JobConfig job_;
-  std::shared_ptr<dist::Comm> comm_;
-  std::unique_ptr<dist::GradReducer> reducer_;  // with comm_: sums the gradients over the ranks
+  std::shared_ptr<dist::Comm> comm_;               // every rank: barriers, evaluation
+  std::unique_ptr<dist::ParallelState> parallel_;  // with comm_: the layout's groups
+  std::shared_ptr<dist::Comm> data_comm_;          // with comm_: dp x cp, which sums gradients
+  std::unique_ptr<dist::GradReducer> reducer_;     // with comm_: sums the gradients over the ranks
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;
