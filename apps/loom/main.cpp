@@ -1,4 +1,4 @@
-// The loom command line: train, eval, run, forward, shapes, data tokenize.
+// The loom command line: train, eval, bench, run, forward, shapes, data tokenize.
 #include <ATen/Parallel.h>
 #include <dlfcn.h>
 #include <malloc.h>
@@ -256,6 +256,29 @@ int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generati
 
 }  // namespace
 
+// loom bench's report: rates, step time, MFU, memory, and the time split as seconds and shares.
+nlohmann::json bench_json(const train::BenchResult& r) {
+  auto share = [&r](double seconds) { return r.total_s > 0 ? seconds / r.total_s : 0.0; };
+  nlohmann::json split;
+  for (const auto& [name, seconds] : {std::pair<const char*, double>{"data", r.data_s},
+                                      {"forward", r.forward_s},
+                                      {"backward", r.backward_s},
+                                      {"optimizer", r.optimizer_s},
+                                      {"communication", r.communication_s}})
+    split[name] = {{"s", seconds}, {"share", share(seconds)}};
+  return {{"steps", r.steps},
+          {"warmup", r.warmup},
+          {"data_parallel_ranks", r.ranks},
+          {"tokens_per_s", r.tokens_per_s},
+          {"samples_per_s", r.samples_per_s},
+          {"step_time_median_s", r.step_time_median_s},
+          {"mfu", r.mfu},
+          {"sgemm_gflops", r.sgemm_gflops},
+          {"peak_rss_mib", r.peak_rss_mib},
+          {"time_s", r.total_s},
+          {"time_split", split}};
+}
+
 int main(int argc, char** argv) {
   ensure_passive_openmp(argv);
   keep_freed_memory();
@@ -279,6 +302,14 @@ int main(int argc, char** argv) {
   eval->add_option("--set", overrides, "Override a config key: key=value (repeatable)");
   eval->add_option("--predictions", predictions_path,
                    "Write each question, its answer and the model's answer as JSON lines to this file");
+
+  int64_t bench_steps = 20, bench_warmup = 3;
+  auto* bench = app.add_subcommand(
+      "bench", "Time a job's training steps after warm-up and print one JSON object (nothing is written)");
+  bench->add_option("config", config_path, "Job config file")->required();
+  bench->add_option("--set", overrides, "Override a config key: key=value (repeatable)");
+  bench->add_option("--steps", bench_steps, "Timed steps (default 20)");
+  bench->add_option("--warmup", bench_warmup, "Untimed steps first (default 3)");
 
   dist::LaunchOptions launch_options;
   std::vector<std::string> run_command;
@@ -330,7 +361,7 @@ int main(int argc, char** argv) {
     configure_logging(log_level);
     set_blas_threads(at::get_num_threads());
     if (*run) return dist::launch(launch_options, run_command);
-    if (*train || *eval) {
+    if (*train || *eval || *bench) {
       auto job = config::load_config(config_path, overrides);
       configure_logging(job.tools.log_level);
       if (job.training.threads > 0) {
@@ -350,6 +381,9 @@ int main(int argc, char** argv) {
       train::Trainer trainer(job, comm);
       if (*train) {
         if (auto result = trainer.train(); result && main_rank) train::print_eval(*result);
+      } else if (*bench) {
+        const train::BenchResult r = trainer.bench(bench_warmup, bench_steps);
+        if (main_rank) fmt::print("{}\n", bench_json(r).dump());
       } else {
         trainer.load_weights(checkpoint_dir);
         const auto result = trainer.evaluate();

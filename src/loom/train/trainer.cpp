@@ -2,11 +2,13 @@
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/checkpoint/safetensors.h"
@@ -102,7 +104,27 @@ struct Trainer::StepStats {
   int64_t tokens = 0, samples = 0;
   double flops = 0;
   double grad_sync_s = 0;  // waiting for the gradient all-reduce after backward
+  double forward_s = 0, backward_s = 0;
 };
+
+namespace {
+
+// Builds step `step`'s micro-batches for this rank: every rank reads the step's samples and keeps
+// its balanced share (balance_across_ranks).
+std::function<StepData(int64_t)> step_maker(const JobData& data, const data::MicroBatching& batching,
+                                            int64_t global, int64_t max_seq_len) {
+  return [&data, batching, global, max_seq_len](int64_t step) {
+    auto samples = data.train_examples(step * global, (step + 1) * global);
+    if (samples.examples.empty())
+      throw DataError(fmt::format(
+          "step {}: none of its {} samples is usable ({} over data.max_seq_len {} dropped, {} skipped)",
+          step + 1, global, samples.dropped, max_seq_len, samples.skipped));
+    return StepData{data::rank_micro_batches(std::move(samples.examples), batching), samples.truncated,
+                    samples.dropped, samples.skipped};
+  };
+}
+
+}  // namespace
 
 Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     : job_(std::move(job)), comm_(std::move(comm)) {
@@ -257,11 +279,15 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   double loss_sum = 0;
   for (size_t m = 0; m < micro_batches.size(); ++m) {
     const data::Batch& batch = micro_batches[m];
+    const auto forward_begin = Clock::now();
     auto logits = model_->forward(model_inputs(batch));
     auto loss = token_loss_sum(logits, batch.labels);
+    stats.forward_s += seconds_since(forward_begin);
     // Only the last micro-batch's backward communicates: earlier ones only accumulate.
     if (reducer_ && m + 1 == micro_batches.size()) reducer_->arm();
+    const auto backward_begin = Clock::now();
     (loss * scale).backward();
+    stats.backward_s += seconds_since(backward_begin);
     loss_sum += loss.item<double>();
     stats.tokens += batch.attention_mask.sum().item<int64_t>();
     const std::vector<int64_t> lengths = batch.sequence_lengths();
@@ -287,6 +313,66 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   stats.loss = loss_sum * scale;
   if (!sharded_) stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
   return stats;
+}
+
+void Trainer::optimizer_step(double lr) {
+  if (sharded_) {
+    sharded_->step(lr);
+    sharded_->zero_grad();
+  } else {
+    optimizer_->step(lr);
+    optimizer_->zero_grad();
+  }
+}
+
+BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
+  if (warmup < 0 || steps < 1)
+    throw ConfigError(fmt::format("bench: needs steps >= 1 and warmup >= 0, got {} and {}", steps, warmup));
+  const auto& t = job_.training;
+  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
+  peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()),
+                                     data_comm_ ? data_comm_->rank() : 0, dp_};
+  data::PrefetchLoader<StepData> loader(
+      step_maker(*data_, batching, t.global_batch_size, job_.data.max_seq_len), 0,
+      static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
+  BenchResult r;
+  r.steps = steps;
+  r.warmup = warmup;
+  r.ranks = dp_;
+  r.sgemm_gflops = peak_flops_ / 1e9;
+  std::vector<double> step_times;
+  double tokens = 0, samples = 0, flops = 0;
+  for (int64_t i = 0; i < warmup + steps; ++i) {
+    const auto begin = Clock::now();
+    const double wait_before = loader.wait_seconds();
+    const StepData step = loader.next();
+    const double data_wait = loader.wait_seconds() - wait_before;
+    const StepStats stats = train_step(step.micro_batches);
+    const auto optimizer_begin = Clock::now();
+    optimizer_step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
+    const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
+    if (i < warmup) continue;
+    step_times.push_back(seconds);
+    r.total_s += seconds;
+    r.data_s += data_wait;
+    r.forward_s += stats.forward_s;
+    r.backward_s += stats.backward_s;
+    r.optimizer_s += optimizer_s;
+    r.communication_s += stats.grad_sync_s;
+    tokens += static_cast<double>(stats.tokens);
+    samples += static_cast<double>(stats.samples);
+    flops += stats.flops;
+  }
+  std::sort(step_times.begin(), step_times.end());
+  r.step_time_median_s = step_times[step_times.size() / 2];
+  r.tokens_per_s = tokens / r.total_s;
+  r.samples_per_s = samples / r.total_s;
+  r.mfu = flops / r.total_s / (peak_flops_ * static_cast<double>(dp_));
+  struct rusage usage {};
+  ::getrusage(RUSAGE_SELF, &usage);
+  r.peak_rss_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
+  return r;
 }
 
 std::optional<EvalResult> Trainer::train() {
@@ -316,19 +402,9 @@ std::optional<EvalResult> Trainer::train() {
   // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
   const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()),
                                      data_comm_ ? data_comm_->rank() : 0, dp_};
-  const int64_t global = t.global_batch_size;
   data::PrefetchLoader<StepData> loader(
-      [this, batching, global](int64_t step) {
-        auto samples = data_->train_examples(step * global, (step + 1) * global);
-        if (samples.examples.empty())
-          throw DataError(
-              fmt::format("step {}: none of its {} samples is usable ({} over data.max_seq_len {} "
-                          "dropped, {} skipped)",
-                          step + 1, global, samples.dropped, job_.data.max_seq_len, samples.skipped));
-        return StepData{data::rank_micro_batches(std::move(samples.examples), batching), samples.truncated,
-                        samples.dropped, samples.skipped};
-      },
-      step_, static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
+      step_maker(*data_, batching, t.global_batch_size, job_.data.max_seq_len), step_,
+      static_cast<int>(job_.data.num_workers), static_cast<int>(job_.data.prefetch));
   ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
                        !is_main()                ? ProgressBar::Mode::off
                        : job_.tools.progress_bar ? ProgressBar::Mode::automatic
@@ -374,13 +450,7 @@ std::optional<EvalResult> Trainer::train() {
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
     auto stats = train_step(micro_batches);
-    if (sharded_) {
-      sharded_->step(lr);
-      sharded_->zero_grad();
-    } else {
-      optimizer_->step(lr);
-      optimizer_->zero_grad();
-    }
+    optimizer_step(lr);
     ++step_;
 
     const double seconds = seconds_since(step_start);

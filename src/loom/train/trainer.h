@@ -46,6 +46,16 @@ void validate_layout(const config::JobConfig& job, const models::Qwen2VLConfig& 
 // A collated or packed batch as the model's inputs.
 models::VisionLanguageInputs model_inputs(const data::Batch& batch);
 
+// What `loom bench` measures over its timed steps (after warm-up): rates, the median step time,
+// MFU, this process's peak resident memory, and where the time went (seconds summed over the
+// timed steps; communication is the wait for the gradient reduction after backward).
+struct BenchResult {
+  int64_t steps = 0, warmup = 0, ranks = 1;
+  double tokens_per_s = 0, samples_per_s = 0, step_time_median_s = 0, mfu = 0, sgemm_gflops = 0;
+  double peak_rss_mib = 0;
+  double total_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, communication_s = 0;
+};
+
 class Trainer {
  public:
   // `comm`: the data-parallel group, or null for one process. Every rank of a group builds the same
@@ -56,6 +66,9 @@ class Trainer {
   // Trains to training.steps (resuming per training.resume), evaluating and saving on schedule.
   // Returns the final evaluation, or nothing when training.exit_interval stopped the run early.
   std::optional<EvalResult> train();
+  // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
+  // metrics or evaluation; nothing is written) and measures the last `steps`.
+  BenchResult bench(int64_t warmup, int64_t steps);
   // Exact-match accuracy of greedy answers on the held-out split (shared out over the ranks; every
   // rank gets the whole result).
   EvalResult evaluate();
@@ -68,6 +81,7 @@ class Trainer {
  private:
   struct StepStats;
   StepStats train_step(const std::vector<data::Batch>& micro_batches);
+  void optimizer_step(double lr);  // the update, then the gradients are dropped
   void save_checkpoint();
   void resume_from(const std::string& dir);
   std::optional<std::string> resume_directory() const;
