@@ -11,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -23,17 +24,29 @@ namespace loom::dist {
 namespace {
 
 constexpr auto kBeatPeriod = std::chrono::seconds(1);
-// How long a failed rank watches the others' heartbeats: several periods, so a live rank whose
+// A rank whose counter has not moved for this long is lost: several periods, so a live rank whose
 // beat thread waits a while for a core is not taken for a lost one.
-constexpr auto kBeatWatch = std::chrono::seconds(5);
+constexpr auto kBeatStale = std::chrono::seconds(4);
+// How long a failed rank waits for a stale counter to show (a peer that died just now).
+constexpr auto kBeatWatch = std::chrono::seconds(6);
+// Every rank reads every counter each period: the store sees world^2 reads a period, so worlds
+// above this are not watched (their ranks report failed collectives without naming the lost one).
+constexpr int64_t kMaxWatchedWorld = 256;
 
 std::string beat_key(int64_t rank) { return fmt::format("loom/heartbeat/{}", rank); }
 
-// Bumps loom/heartbeat/<rank> in the store every kBeatPeriod, from its own thread over its own
-// store connection, so a rank blocked in a collective still beats and only a lost process stops.
+// From its own thread over its own store connection, once a period: bumps loom/heartbeat/<rank>
+// (so a rank blocked in a collective still beats, and only a lost process stops) and reads every
+// rank's counter, remembering when each last moved. After a failed collective the remembered
+// times name the lost ranks, even when the store's host (rank 0) has gone too by then.
 class Heartbeat {
  public:
-  Heartbeat(const std::string& host, uint16_t port, int64_t rank, std::chrono::seconds timeout) {
+  using Clock = std::chrono::steady_clock;
+
+  Heartbeat(const std::string& host, uint16_t port, int64_t rank, int64_t world, std::chrono::seconds timeout)
+      : rank_(rank),
+        last_moved_(static_cast<size_t>(world), Clock::now()),
+        counters_(static_cast<size_t>(world), -1) {
     c10d::TCPStoreOptions options;
     options.port = port;
     options.isServer = false;
@@ -41,13 +54,23 @@ class Heartbeat {
     options.timeout = timeout;
     store_ = c10::make_intrusive<c10d::TCPStore>(host, options);
     store_->add(beat_key(rank), 1);
-    thread_ = std::thread([this, key = beat_key(rank)] {
-      std::unique_lock<std::mutex> lock(mutex_);
-      while (!wake_.wait_for(lock, kBeatPeriod, [this] { return stop_; })) {
+    thread_ = std::thread([this, world] {
+      while (!stopping(kBeatPeriod)) {
         try {
-          store_->add(key, 1);
+          store_->add(beat_key(rank_), 1);
+          if (world > kMaxWatchedWorld) continue;
+          std::vector<int64_t> counters;
+          for (int64_t r = 0; r < world; ++r) counters.push_back(store_->add(beat_key(r), 0));
+          std::lock_guard<std::mutex> lock(mutex_);
+          for (size_t r = 0; r < counters.size(); ++r)
+            if (counters[r] != counters_[r]) {
+              counters_[r] = counters[r];
+              last_moved_[r] = Clock::now();
+            }
         } catch (const std::exception&) {
-          return;  // the store's host is gone; the next collective reports it
+          std::lock_guard<std::mutex> lock(mutex_);
+          store_lost_at_ = Clock::now();
+          return;  // the store's host is gone
         }
       }
     });
@@ -61,12 +84,33 @@ class Heartbeat {
     thread_.join();
   }
 
+  // The ranks (not this one) whose counter stood still for kBeatStale before now, or before the
+  // store stopped answering; and whether it did.
+  std::pair<std::vector<int64_t>, bool> lost() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const auto until = store_lost_at_ ? *store_lost_at_ : Clock::now();
+    std::vector<int64_t> out;
+    for (size_t r = 0; r < last_moved_.size(); ++r)
+      if (static_cast<int64_t>(r) != rank_ && until - last_moved_[r] > kBeatStale)
+        out.push_back(static_cast<int64_t>(r));
+    return {out, store_lost_at_.has_value()};
+  }
+
  private:
+  bool stopping(std::chrono::seconds wait) {
+    std::unique_lock<std::mutex> lock(mutex_);
+    return wake_.wait_for(lock, wait, [this] { return stop_; });
+  }
+
+  int64_t rank_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
   std::thread thread_;
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stop_ = false;
+  std::vector<Clock::time_point> last_moved_;
+  std::vector<int64_t> counters_;
+  std::optional<Clock::time_point> store_lost_at_;
 };
 
 }  // namespace
@@ -85,30 +129,24 @@ struct Comm::Group {
 
 namespace {
 
-// After a failed collective: the ranks whose heartbeat stops moving over kBeatWatch, as
-// "; lost rank 1 (its heartbeat stopped)", or the store's host when the store is unreachable.
+// After a failed collective: "; lost rank 1 (heartbeat stopped)" for the ranks whose heartbeat
+// stood still (waiting up to kBeatWatch for a peer that died just now to show), or rank 0 when the
+// store it hosts stopped answering and no other rank is stale.
 std::string lost_ranks(const Comm::Group& group) {
-  if (!group.heartbeat) return "";
-  auto read = [&] {
-    std::vector<int64_t> beats;
-    for (int64_t r = 0; r < group.world_size; ++r) beats.push_back(group.store->add(beat_key(r), 0));
-    return beats;
-  };
-  try {
-    const std::vector<int64_t> before = read();
-    std::this_thread::sleep_for(kBeatWatch);
-    const std::vector<int64_t> after = read();
-    std::vector<std::string> lost;
-    for (int64_t r = 0; r < group.world_size; ++r)
-      if (r != group.world_rank && after[r] == before[r]) lost.push_back(std::to_string(r));
-    // The store lives in rank 0: it stays a while longer, so the other ranks can still read the
-    // heartbeats when they fail (later) themselves.
-    if (group.world_rank == 0) std::this_thread::sleep_for(kBeatWatch);
-    if (lost.empty()) return "";
-    return fmt::format("; lost rank{} {} (heartbeat stopped)", lost.size() > 1 ? "s" : "",
-                       fmt::join(lost, ", "));
-  } catch (const std::exception&) {
-    return "; lost rank 0 (it hosts the rendezvous store, which no longer answers)";
+  if (!group.heartbeat || group.world_size > kMaxWatchedWorld) return "";
+  const auto deadline = std::chrono::steady_clock::now() + kBeatWatch;
+  for (;;) {
+    const auto [lost, store_gone] = group.heartbeat->lost();
+    if (!lost.empty()) {
+      // The store lives in rank 0: it stays long enough for every other rank's view of the lost
+      // ones to go stale too before the store goes with this process.
+      if (group.world_rank == 0) std::this_thread::sleep_for(kBeatStale);
+      return fmt::format("; lost rank{} {} (heartbeat stopped)", lost.size() > 1 ? "s" : "",
+                         fmt::join(lost, ", "));
+    }
+    if (store_gone) return "; lost rank 0 (it hosts the rendezvous store, which no longer answers)";
+    if (std::chrono::steady_clock::now() >= deadline) return "";
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
 }
 
@@ -142,25 +180,25 @@ using WorkPtr =
 
 class GlooPendingWork : public PendingWork {
  public:
-  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, const Comm::Group& group)
-      : work_(std::move(work)), tensors_(std::move(tensors)), group_(group) {}
+  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, std::shared_ptr<const Comm::Group> group)
+      : work_(std::move(work)), tensors_(std::move(tensors)), group_(std::move(group)) {}
   void wait() override {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      throw collective_error(group_, "all-reduce", e);
+      throw collective_error(*group_, "all-reduce", e);
     }
   }
 
  private:
   WorkPtr work_;
-  std::vector<at::Tensor> tensors_;  // alive until the collective is done
-  const Comm::Group& group_;         // the Comm outlives its pending work
+  std::vector<at::Tensor> tensors_;           // alive until the collective is done
+  std::shared_ptr<const Comm::Group> group_;  // alive even if the Comm goes first
 };
 
 }  // namespace
 
-Comm::Comm(std::unique_ptr<Group> group, int64_t rank, int64_t size)
+Comm::Comm(std::shared_ptr<Group> group, int64_t rank, int64_t size)
     : group_(std::move(group)), rank_(rank), size_(size) {}
 
 Comm::~Comm() = default;
@@ -192,7 +230,8 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
                                                             static_cast<int>(env.world_size), options);
     if (env.world_size > 1) {
       const auto& tcp = static_cast<const c10d::TCPStore&>(*group->store);
-      group->heartbeat = std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, timeout);
+      group->heartbeat =
+          std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, env.world_size, timeout);
     }
   } catch (const std::exception& e) {
     std::string reason = e.what();
@@ -274,19 +313,6 @@ std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<
   return std::shared_ptr<Comm>(new Comm(std::move(group), rank, size));
 }
 
-std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
-  if (flat.scalar_type() == at::kBFloat16 || flat.scalar_type() == at::kHalf)
-    throw DistributedError(fmt::format("rank {}: all-reduce of {} is not supported: widen it to float",
-                                       group_->world_rank, c10::toString(flat.scalar_type())));
-  std::vector<at::Tensor> tensors{flat.is_contiguous() ? flat : flat.contiguous()};
-  try {
-    auto work = group_->pg->allreduce(tensors);
-    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), *group_);
-  } catch (const std::exception& e) {
-    throw collective_error(*group_, "all-reduce", e);
-  }
-}
-
 namespace {
 
 void check_flat(int64_t rank, const char* what, const at::Tensor& t) {
@@ -297,6 +323,18 @@ void check_flat(int64_t rank, const char* what, const at::Tensor& t) {
 }
 
 }  // namespace
+
+std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
+  // In place: a contiguous copy would take the sum and the caller would never see it.
+  check_flat(group_->world_rank, "all-reduce", flat);
+  std::vector<at::Tensor> tensors{flat};
+  try {
+    auto work = group_->pg->allreduce(tensors);
+    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), group_);
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, "all-reduce", e);
+  }
+}
 
 void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
   check_flat(group_->world_rank, "reduce-scatter", input);

@@ -42,8 +42,8 @@ class Comm {
   // buffers of up to kBucketBytes, so many small gradients cost a few messages.
   void all_reduce_sum(const std::vector<at::Tensor>& tensors);
   // Starts summing one contiguous tensor over the ranks, in place, and returns at once. Every rank
-  // must start its collectives in the same order. bf16 and half are not accepted (Gloo in libtorch
-  // 1.13 cannot sum them): widen them first.
+  // must start its collectives in the same order. `flat` must be contiguous and 1-D; bf16 and
+  // half are not accepted (Gloo in libtorch 1.13 cannot sum them): widen them first.
   std::unique_ptr<PendingWork> start_all_reduce_sum(at::Tensor flat);
   // Sums `input` (size() equal chunks, contiguous) over the ranks and writes this rank's chunk of
   // the sum into `output` (Gloo in libtorch 1.13 has no reduce-scatter: an all-to-all moves each
@@ -60,8 +60,8 @@ class Comm {
   struct Group;  // the c10d objects, defined in comm.cpp
 
  private:
-  Comm(std::unique_ptr<Group> group, int64_t rank, int64_t size);
-  std::unique_ptr<Group> group_;
+  Comm(std::shared_ptr<Group> group, int64_t rank, int64_t size);
+  std::shared_ptr<Group> group_;  // shared with the collectives in flight
   int64_t rank_ = 0, size_ = 1;
 };
 

@@ -94,7 +94,10 @@ void GradReducer::on_gradient_ready(size_t param) {
 }
 
 void GradReducer::start_ready_buckets() {
-  while (next_ < buckets_.size() && buckets_[next_].waiting == 0) start(buckets_[next_++]);
+  while (next_ < buckets_.size() && buckets_[next_].waiting == 0) {
+    start(buckets_[next_]);
+    ++next_;  // only once it has started
+  }
 }
 
 void GradReducer::start(Bucket& bucket) {
@@ -112,7 +115,7 @@ double GradReducer::finish() {
   const auto begin = std::chrono::steady_clock::now();
   std::lock_guard<std::mutex> lock(mutex_);
   armed_ = false;
-  while (next_ < buckets_.size()) start(buckets_[next_++]);
+  for (; next_ < buckets_.size(); ++next_) start(buckets_[next_]);
   for (Bucket& bucket : buckets_) {
     bucket.work->wait();
     bucket.work.reset();
