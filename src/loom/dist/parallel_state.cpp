@@ -24,6 +24,11 @@ ParallelState::ParallelState(std::shared_ptr<Comm> world, GridSizes sizes)
                                                   {Axis::dp, Axis::cp},
                                                   {Axis::tp, Axis::pp}}) {
     const std::vector<int64_t> members = grid_.group_of(rank, axes);
+    // A group of every rank is the world itself: no second process group over the same ranks.
+    if (static_cast<int64_t>(members.size()) == world_->size()) {
+      groups_[key(axes)] = world_;
+      continue;
+    }
     // Named by the axes and the group's lowest rank: the same name on every member.
     groups_[key(axes)] = world_->subgroup(fmt::format("{}.{}", key(axes), members.front()), members);
   }
