@@ -9,6 +9,7 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -180,20 +181,30 @@ using WorkPtr =
 
 class GlooPendingWork : public PendingWork {
  public:
-  GlooPendingWork(WorkPtr work, std::vector<at::Tensor> tensors, std::shared_ptr<const Comm::Group> group)
-      : work_(std::move(work)), tensors_(std::move(tensors)), group_(std::move(group)) {}
+  // `done` runs on this rank once the collective has finished (e.g. the local sum of a
+  // reduce-scatter's received chunks).
+  GlooPendingWork(const char* what, WorkPtr work, std::vector<at::Tensor> tensors,
+                  std::shared_ptr<const Comm::Group> group, std::function<void()> done = {})
+      : what_(what),
+        work_(std::move(work)),
+        tensors_(std::move(tensors)),
+        group_(std::move(group)),
+        done_(std::move(done)) {}
   void wait() override {
     try {
       work_->wait();
     } catch (const std::exception& e) {
-      throw collective_error(*group_, "all-reduce", e);
+      throw collective_error(*group_, what_, e);
     }
+    if (done_) done_();
   }
 
  private:
+  const char* what_;
   WorkPtr work_;
   std::vector<at::Tensor> tensors_;           // alive until the collective is done
   std::shared_ptr<const Comm::Group> group_;  // alive even if the Comm goes first
+  std::function<void()> done_;
 };
 
 }  // namespace
@@ -330,37 +341,65 @@ std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
   std::vector<at::Tensor> tensors{flat};
   try {
     auto work = group_->pg->allreduce(tensors);
-    return std::make_unique<GlooPendingWork>(std::move(work), std::move(tensors), group_);
+    return std::make_unique<GlooPendingWork>("all-reduce", std::move(work), std::move(tensors), group_);
   } catch (const std::exception& e) {
     throw collective_error(*group_, "all-reduce", e);
   }
 }
 
 void Comm::reduce_scatter_sum(const at::Tensor& input, at::Tensor& output) {
+  start_reduce_scatter_sum(input, output)->wait();
+}
+
+std::unique_ptr<PendingWork> Comm::start_reduce_scatter_sum(at::Tensor input, at::Tensor output) {
   check_flat(group_->world_rank, "reduce-scatter", input);
   check_flat(group_->world_rank, "reduce-scatter", output);
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw DistributedError(fmt::format("rank {}: reduce-scatter of {} elements into {} x {}",
                                        group_->world_rank, input.numel(), size_, output.numel()));
-  at::Tensor send = input;
   at::Tensor received = at::empty_like(input);
   std::vector<int64_t> equal_splits;
-  run(*group_, "reduce-scatter",
-      [&] { return group_->pg->alltoall_base(received, send, equal_splits, equal_splits); });
-  at::sum_out(output, received.view({size_, output.numel()}), {0});
+  try {
+    auto work = group_->pg->alltoall_base(received, input, equal_splits, equal_splits);
+    const int64_t ranks = size_;
+    return std::make_unique<GlooPendingWork>(
+        "reduce-scatter", std::move(work), std::vector<at::Tensor>{input, received}, group_,
+        [received, output, ranks]() mutable {
+          at::sum_out(output, received.view({ranks, output.numel()}), {0});
+        });
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, "reduce-scatter", e);
+  }
 }
 
 void Comm::all_gather_flat(const at::Tensor& input, at::Tensor& output) {
-  check_flat(group_->world_rank, "all-gather", input);
-  check_flat(group_->world_rank, "all-gather", output);
+  start_all_gather_flat(input, output)->wait();
+}
+
+std::unique_ptr<PendingWork> Comm::start_all_gather_flat(at::Tensor input, at::Tensor output) {
+  // A gather moves bits and sums nothing: bf16 travels as half, which Gloo in libtorch 1.13 knows.
+  auto bits = [](const at::Tensor& t) { return t.scalar_type() == at::kBFloat16 ? t.view(at::kHalf) : t; };
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw DistributedError(fmt::format("rank {}: all-gather of {} x {} elements into {}", group_->world_rank,
                                        size_, input.numel(), output.numel()));
+  input = bits(input);
+  output = bits(output);
+  for (const at::Tensor* t : {&input, &output})
+    if (!t->is_contiguous() || t->dim() != 1)
+      throw DistributedError(
+          fmt::format("rank {}: all-gather needs contiguous 1-D tensors, got {} dimensions",
+                      group_->world_rank, t->dim()));
   std::vector<at::Tensor> inputs{input};
   std::vector<std::vector<at::Tensor>> outputs(1);
   for (int64_t r = 0; r < size_; ++r)
     outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
-  run(*group_, "all-gather", [&] { return group_->pg->allgather(outputs, inputs); });
+  try {
+    auto work = group_->pg->allgather(outputs, inputs);
+    return std::make_unique<GlooPendingWork>("all-gather", std::move(work),
+                                             std::vector<at::Tensor>{input, output}, group_);
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, "all-gather", e);
+  }
 }
 
 std::vector<std::string> Comm::all_gather(const std::string& text) {

@@ -50,7 +50,12 @@ class Comm {
   // chunk to its rank, the same bytes as a ring reduce-scatter, and the rank adds them up).
   void reduce_scatter_sum(const at::Tensor& input, at::Tensor& output);
   // Every rank's `input` (same size everywhere), concatenated in rank order into `output`.
+  // bf16 and half are accepted (a gather only moves their bits).
   void all_gather_flat(const at::Tensor& input, at::Tensor& output);
+  // The same two, started and returned at once (wait() before reading `output`). The tensors stay
+  // alive until the collective is done.
+  std::unique_ptr<PendingWork> start_reduce_scatter_sum(at::Tensor input, at::Tensor output);
+  std::unique_ptr<PendingWork> start_all_gather_flat(at::Tensor input, at::Tensor output);
   // Every rank's string, in rank order.
   std::vector<std::string> all_gather(const std::string& text);
   void barrier();

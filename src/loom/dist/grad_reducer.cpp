@@ -1,32 +1,17 @@
 #include "loom/dist/grad_reducer.h"
 
 #include <fmt/format.h>
-#include <torch/csrc/autograd/function.h>
-#include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
 #include <algorithm>
 #include <chrono>
 #include <functional>
 
+#include "loom/dist/gradient_ready_hook.h"
 #include "loom/util/errors.h"
 
 namespace loom::dist {
 namespace {
-
-// Runs after a parameter's gradient accumulator has added this pass's gradient into .grad.
-class GradientReadyHook : public torch::autograd::FunctionPostHook {
- public:
-  GradientReadyHook(std::function<void()> on_ready) : on_ready_(std::move(on_ready)) {}
-  torch::autograd::variable_list operator()(const torch::autograd::variable_list& outputs,
-                                            const torch::autograd::variable_list& /*inputs*/) override {
-    on_ready_();
-    return outputs;
-  }
-
- private:
-  std::function<void()> on_ready_;
-};
 
 // Gloo in libtorch 1.13 cannot sum bf16 or half: they travel as fp32.
 at::ScalarType wire_dtype(at::ScalarType dtype) {
@@ -42,6 +27,7 @@ GradReducer::GradReducer(std::shared_ptr<Comm> comm, std::vector<at::Tensor> par
     throw ConfigError(fmt::format("gradient bucket size must be > 0, got {}", bucket_bytes));
   bucket_of_.assign(params_.size(), 0);
   ready_.assign(params_.size(), false);
+  has_grad_.assign(params_.size(), false);
   int64_t bytes = 0;
   for (size_t k = params_.size(); k-- > 0;) {
     const at::Tensor& p = params_[k];
@@ -104,7 +90,8 @@ void GradReducer::start(Bucket& bucket) {
   int64_t offset = 0;
   for (size_t k : bucket.params) {
     at::Tensor& p = params_[k];
-    if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);  // unused on this rank
+    has_grad_[k] = p.grad().defined();
+    if (!has_grad_[k]) p.mutable_grad() = at::zeros_like(p);  // unused on this rank
     bucket.flat.narrow(0, offset, p.numel()).copy_(p.grad().reshape({-1}));
     offset += p.numel();
   }
@@ -126,6 +113,14 @@ double GradReducer::finish() {
       offset += p.numel();
     }
   }
+  // A parameter no rank gave a gradient to (a vision tower no rank's samples used) has none, as in
+  // one process, so the optimizer leaves it alone instead of stepping on a zero gradient.
+  at::Tensor counts = at::empty({static_cast<int64_t>(params_.size())}, at::kFloat);
+  for (size_t k = 0; k < params_.size(); ++k) counts[static_cast<int64_t>(k)] = has_grad_[k] ? 1.0F : 0.0F;
+  comm_->start_all_reduce_sum(counts)->wait();
+  const float* summed = counts.data_ptr<float>();
+  for (size_t k = 0; k < params_.size(); ++k)
+    if (summed[k] == 0.0F) params_[k].mutable_grad() = at::Tensor();
   reset();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
 }

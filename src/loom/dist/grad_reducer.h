@@ -5,8 +5,9 @@
 // accumulator counts the gradients that are final during the armed backward pass (a step's last
 // micro-batch); when a bucket is complete, and every bucket before it has started, its all-reduce
 // starts while backward goes on. finish() starts what is left (parameters without a gradient on
-// this rank contribute zeros), waits, and writes the sums back into the gradients. Buckets start
-// in the same order on every rank, whichever order their gradients complete in.
+// this rank contribute zeros), waits, and writes the sums back into the gradients; a parameter no
+// rank gave a gradient to is left without one, as in one process. Buckets start in the same order
+// on every rank, whichever order their gradients complete in.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -59,6 +60,7 @@ class GradReducer {
   std::vector<at::Tensor> params_;
   std::vector<size_t> bucket_of_;
   std::vector<bool> ready_;
+  std::vector<bool> has_grad_;  // this rank's backward gave the parameter a gradient
   std::vector<Bucket> buckets_;
   size_t next_ = 0;  // the next bucket to start
   bool overlap_ = false, armed_ = false;
