@@ -1,11 +1,12 @@
 # Data parallelism through `loom run` over Gloo: 20 fp32 steps of the tiny shapes job with the same
 # seed and global batch give, on 2 ranks (2 micro-batches each) and on 4 ranks, the loss of the
 # single-process run at every step and the same final weights, whether the gradient buckets are
-# summed during backward (overlap, 1 MiB buckets) or after it, and under ZeRO-1 on 4 ranks. A
-# ZeRO-1 checkpoint of step 10 resumes under plain dp=2 with the single-process losses of steps
-# 11-20 (checkpoints hold the whole optimizer state whatever the layout). Then the failures: a world size
-# the layout cannot use is a one-line error, and a rank killed mid-run stops the others with a
-# message naming it.
+# summed during backward (overlap, 1 MiB buckets) or after it, under ZeRO-1 on 4 ranks and under
+# FSDP (ZeRO-3) on 4 ranks. ZeRO-1 and FSDP checkpoints of step 10 resume under plain dp=2 with the
+# single-process losses of steps 11-20 (checkpoints hold the whole state whatever the layout).
+# FSDP's model state per rank (parameters + gradients + optimizer state) is at most 0.3x that of
+# one process. Then the failures: a world size the layout cannot use is a one-line error, and a
+# rank killed mid-run stops the others with a message naming it.
 source "$(dirname "$0")/lib.bash"
 common=(--set training.steps=20 --set training.global_batch_size=16 --set training.warmup_steps=2
         --set training.save_every=0 --set training.threads=1 --set tools.log_every=5)
@@ -25,9 +26,28 @@ dp_run dp4 4 --set parallel.bucket_mb=1
 dp_run zero1_dp4 4 --set parallel.zero=1 --set training.save_every=10
 grep -q "^\[rank 0\] .*optimizer state [0-9.]* MiB (ZeRO-1: 1/4 of the master weights and moments)" "$WORK/zero1_dp4.log" ||
   { cat "$WORK/zero1_dp4.log"; fail "zero1: no memory report"; }
-mkdir -p "$WORK/resumed_dp2" && cp -r "$WORK/zero1_dp4/step-00000010" "$WORK/resumed_dp2/"
-dp_run resumed_dp2 2
-grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/resumed_dp2.log" || { cat "$WORK/resumed_dp2.log"; fail "no resume"; }
+dp_run fsdp_dp4 4 --set parallel.zero=3 --set training.save_every=10
+grep -q "^\[rank 0\] .*(FSDP: 1/4 of every trainable parameter, gradient and moment, in the root unit and 5 block units visual.blocks.0 to model.layers.2)" \
+  "$WORK/fsdp_dp4.log" || { cat "$WORK/fsdp_dp4.log"; fail "fsdp: no memory report"; }
+for from in zero1_dp4 fsdp_dp4; do
+  mkdir -p "$WORK/resumed_dp2_$from" && cp -r "$WORK/$from/step-00000010" "$WORK/resumed_dp2_$from/"
+  dp_run "resumed_dp2_$from" 2
+  grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/resumed_dp2_$from.log" ||
+    { cat "$WORK/resumed_dp2_$from.log"; fail "no resume from $from"; }
+done
+# Model state per rank: one process against FSDP on 4 ranks (rank 0 reports; the slices are equal).
+python3 - "$WORK" <<'PY'
+import re, sys
+work = sys.argv[1]
+one = int(re.search(r"model state per rank: (\d+) bytes", open(f"{work}/one.log").read()).group(1))
+log = open(f"{work}/fsdp_dp4.log").read()
+fsdp = int(re.search(r"\[rank 0\] .*memory on this rank: .*model state per rank: (\d+) bytes", log).group(1))
+peak = int(re.search(r"\[rank 0\] .*FSDP: .*peak during passes (\d+) bytes more", log).group(1))
+print(f"parameters + gradients + optimizer state per rank: one process {one} bytes, FSDP dp=4 {fsdp} bytes "
+      f"= {fsdp / one:.3f}x; during passes {peak} bytes more (gathered units, unreduced gradients, "
+      f"reduce-scatter buffers): {(fsdp + peak) / one:.3f}x at the peak")
+assert fsdp <= 0.3 * one, (fsdp, one)
+PY
 # The tiny model's 3.5 MB of gradients make 4 buckets of 1 MiB; with overlap some start during
 # backward (counted by the hooks, not timed), without it none do.
 grep -q "^\[rank 0\] .*gradient all-reduce: .* (4 buckets of up to 1 MiB, overlap on; last step: [1-4] started during backward)" \
@@ -54,9 +74,10 @@ def tensors(path):
 one = steps(f"{work}/one/metrics.jsonl")
 w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
 assert sorted(one) == list(range(1, 21))
-for name in ("dp2", "dp2_after_backward", "dp4", "zero1_dp4", "resumed_dp2"):
+for name in ("dp2", "dp2_after_backward", "dp4", "zero1_dp4", "fsdp_dp4", "resumed_dp2_zero1_dp4",
+             "resumed_dp2_fsdp_dp4"):
     other = steps(f"{work}/{name}/metrics.jsonl")
-    first = 11 if name == "resumed_dp2" else 1
+    first = 11 if name.startswith("resumed") else 1
     assert sorted(other) == list(range(first, 21)), (name, sorted(other))
     worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in other)
     print(f"{name} vs one process, steps {first}-20: max relative loss difference {worst:.3e}")

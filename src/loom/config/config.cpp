@@ -248,7 +248,7 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
 ParallelSection read_parallel(const YamlValue* section, const std::string& source) {
   const SectionReader r(section, "parallel",
                         {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero", "timeout_s", "bucket_mb",
-                         "overlap_grad_reduce"},
+                         "overlap_grad_reduce", "fsdp_plan"},
                         source);
   ParallelSection p;
   for (auto [key, field] :
@@ -275,6 +275,11 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
   r.read("bucket_mb", p.bucket_mb);
   r.at_least("bucket_mb", p.bucket_mb, int64_t{1});
   r.read("overlap_grad_reduce", p.overlap_grad_reduce);
+  r.read("fsdp_plan", p.fsdp_plan);
+  for (size_t i = 0; i < p.fsdp_plan.size(); ++i)
+    if (p.fsdp_plan[i].empty()) r.fail("fsdp_plan", fmt::format("entry {} is an empty module path", i));
+  if (!p.fsdp_plan.empty() && p.zero != 3)
+    r.fail("fsdp_plan", fmt::format("is used only with parallel.zero=3 (FSDP); zero is {}", p.zero));
   return p;
 }
 
@@ -408,7 +413,8 @@ bool operator==(const DataSection& a, const DataSection& b) {
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&
          a.sequence_parallel == b.sequence_parallel && a.zero == b.zero && a.timeout_s == b.timeout_s &&
-         a.bucket_mb == b.bucket_mb && a.overlap_grad_reduce == b.overlap_grad_reduce;
+         a.bucket_mb == b.bucket_mb && a.overlap_grad_reduce == b.overlap_grad_reduce &&
+         a.fsdp_plan == b.fsdp_plan;
 }
 bool operator==(const FeaturesSection& a, const FeaturesSection& b) { return a.recompute == b.recompute; }
 bool operator==(const TrainingSection& a, const TrainingSection& b) {

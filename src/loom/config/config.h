@@ -56,6 +56,9 @@ struct ParallelSection {
   int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
   int64_t bucket_mb = 25;   // gradients are summed over the ranks in flat buckets of this size; >= 1
   bool overlap_grad_reduce = true;  // start each bucket's all-reduce during backward, once it is ready
+  // zero=3 (FSDP): the blocks sharded as units of their own, as module paths whose parts may be {*}
+  // (any index) or {a-b} (a range), e.g. model.layers.{*}; empty: every vision and LLM block.
+  std::vector<std::string> fsdp_plan;
 };
 
 struct FeaturesSection {

@@ -126,6 +126,9 @@ std::string to_yaml(const JobConfig& c) {
   line("timeout_s", integer(c.parallel.timeout_s));
   line("bucket_mb", integer(c.parallel.bucket_mb));
   line("overlap_grad_reduce", boolean(c.parallel.overlap_grad_reduce));
+  std::string plan;
+  for (const auto& path : c.parallel.fsdp_plan) plan += (plan.empty() ? "" : ", ") + yaml_string(path);
+  line("fsdp_plan", "[" + plan + "]");
 
   out += "features:\n";
   line("recompute", yaml_string(c.features.recompute));

@@ -86,7 +86,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
   if (p.pp > 1) fail(fmt::format("parallel.pp={}: pipeline parallelism {}", p.pp, kUnavailable));
   if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
   if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
-  if (p.zero == 3) fail(fmt::format("parallel.zero=3: ZeRO stage 3 (FSDP) sharding {}", kUnavailable));
 }
 
 }  // namespace loom::config

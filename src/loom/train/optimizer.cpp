@@ -103,12 +103,14 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state_dict() const {
   return out;
 }
 
-void AdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+std::map<std::string, at::Tensor> checked_adamw_state(
+    const std::vector<NamedParam>& params, const std::vector<std::pair<std::string, at::Tensor>>& state) {
   std::map<std::string, at::Tensor> given;
   for (const auto& [key, value] : state) {
     if (!given.emplace(key, value).second)
       throw CheckpointError(fmt::format("optimizer state: entry '{}' appears twice", key));
   }
+  std::map<std::string, at::Tensor> out;
   auto take = [&](const std::string& key, at::IntArrayRef shape) {
     auto it = given.find(key);
     if (it == given.end() || !it->second.defined())
@@ -117,36 +119,41 @@ void AdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>
     if (it->second.sizes() != shape)
       throw CheckpointError(fmt::format("optimizer state: entry '{}' has shape {}, expected {}", key,
                                         shape_string(it->second.sizes()), shape_string(shape)));
-    at::Tensor t = it->second;
+    out.emplace(key, it->second);
     given.erase(it);
-    return t;
   };
-
-  // Check everything before changing anything, so a bad checkpoint leaves the optimizer as it was.
-  struct Copy {
-    at::Tensor dst, src;
-  };
-  std::vector<Copy> copies;
-  for (auto& s : slots_) {
-    copies.push_back({s.exp_avg, take("exp_avg." + s.p.name, s.exp_avg.sizes())});
-    copies.push_back({s.exp_avg_sq, take("exp_avg_sq." + s.p.name, s.exp_avg_sq.sizes())});
-    if (s.master.defined()) copies.push_back({s.master, take("master." + s.p.name, s.master.sizes())});
+  for (const auto& p : params) {
+    take("exp_avg." + p.name, p.param.sizes());
+    take("exp_avg_sq." + p.name, p.param.sizes());
+    if (p.param.scalar_type() == at::kBFloat16) take("master." + p.name, p.param.sizes());
   }
-  const at::Tensor step = take("step", {});
-  if (at::isFloatingType(step.scalar_type()) || step.scalar_type() == at::kBool)
-    throw CheckpointError(fmt::format("optimizer state: entry 'step' has dtype {}, expected an integer",
-                                      c10::toString(step.scalar_type())));
+  take("step", {});
+  const at::ScalarType step = out.at("step").scalar_type();
+  if (at::isFloatingType(step) || step == at::kBool)
+    throw CheckpointError(
+        fmt::format("optimizer state: entry 'step' has dtype {}, expected an integer", c10::toString(step)));
   if (!given.empty())
     throw CheckpointError(
         fmt::format("optimizer state: unexpected entry '{}' (no parameter of that name in this optimizer)",
                     given.begin()->first));
+  return out;
+}
 
+void AdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
+  // Everything is checked before anything changes, so a bad checkpoint leaves the optimizer as it was.
+  std::vector<NamedParam> params;
+  for (const auto& s : slots_) params.push_back(s.p);
+  const auto checked = checked_adamw_state(params, state);
   at::NoGradGuard no_grad;
-  for (auto& c : copies) c.dst.copy_(c.src);
-  step_ = step.item<int64_t>();
   for (auto& s : slots_) {
-    if (s.master.defined()) s.p.param.copy_(s.master);
+    s.exp_avg.copy_(checked.at("exp_avg." + s.p.name));
+    s.exp_avg_sq.copy_(checked.at("exp_avg_sq." + s.p.name));
+    if (s.master.defined()) {
+      s.master.copy_(checked.at("master." + s.p.name));
+      s.p.param.copy_(s.master);
+    }
   }
+  step_ = checked.at("step").item<int64_t>();
 }
 
 int64_t AdamW::state_bytes() const {

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -25,6 +26,12 @@ struct AdamWOptions {
 // caller's, applied to `w` before.
 void adam_update(at::Tensor& w, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                  int64_t step, const AdamWOptions& options);
+
+// The entries of an AdamW state for `params` (AdamW::state_dict()'s keys), checked: every entry
+// present once with the parameter's shape, an integer step, nothing else; otherwise
+// CheckpointError naming the entry. Reads only the parameters' names, shapes and dtypes.
+std::map<std::string, at::Tensor> checked_adamw_state(
+    const std::vector<NamedParam>& params, const std::vector<std::pair<std::string, at::Tensor>>& state);
 
 class AdamW {
  public:

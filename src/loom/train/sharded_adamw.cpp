@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <map>
 
@@ -11,119 +12,193 @@ namespace loom::train {
 
 ShardedAdamW::ShardedAdamW(std::shared_ptr<dist::Comm> comm, std::vector<NamedParam> params,
                            AdamWOptions options)
-    : comm_(std::move(comm)), params_(std::move(params)), options_(options) {
-  AdamW::check(params_, options);
-  at::NoGradGuard no_grad;
-  int64_t total = 0;
-  for (const auto& p : params_) {
-    offsets_.push_back(total);
-    total += p.param.numel();
+    : comm_(std::move(comm)), zero1_(true), options_(options) {
+  AdamW::check(params, options);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> tensors;
+  for (auto& p : params) {
+    names.push_back(p.name);
+    tensors.push_back(p.param);
   }
-  const int64_t ranks = comm_->size();
-  slice_ = (total + ranks - 1) / ranks;
-  begin_ = comm_->rank() * slice_;
-  master_ = at::zeros({slice_}, at::kFloat);
-  decays_ = at::zeros({slice_}, at::kBool);
-  // Each parameter's overlap with this rank's slice [begin_, begin_ + slice_).
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const int64_t start = std::max(offsets_[i], begin_);
-    const int64_t end = std::min(offsets_[i] + params_[i].param.numel(), begin_ + slice_);
-    if (start >= end) continue;
-    master_.narrow(0, start - begin_, end - start)
-        .copy_(params_[i].param.detach().reshape({-1}).narrow(0, start - offsets_[i], end - start));
-    if (AdamW::decays(params_[i])) decays_.narrow(0, start - begin_, end - start).fill_(true);
+  add(std::make_shared<parallel::FlatShard>(std::move(names), std::move(tensors), comm_->rank(),
+                                            comm_->size()));
+}
+
+ShardedAdamW::ShardedAdamW(std::shared_ptr<dist::Comm> comm,
+                           std::vector<std::shared_ptr<parallel::FlatShard>> shards, AdamWOptions options)
+    : comm_(std::move(comm)), options_(options) {
+  std::vector<NamedParam> all;
+  for (const auto& shard : shards)
+    for (const auto& p : named(*shard)) all.push_back(p);
+  AdamW::check(all, options);
+  for (auto& shard : shards) add(std::move(shard));
+}
+
+void ShardedAdamW::add(std::shared_ptr<parallel::FlatShard> shard) {
+  if (shard->ranks() != comm_->size() || shard->rank() != comm_->rank())
+    throw ModelError(fmt::format("sharded AdamW: a shard laid out for rank {} of {} on rank {} of {}",
+                                 shard->rank(), shard->ranks(), comm_->rank(), comm_->size()));
+  Slot slot;
+  const int64_t slice = shard->slice_numel();
+  slot.exp_avg = at::zeros({slice}, at::kFloat);
+  slot.exp_avg_sq = at::zeros({slice}, at::kFloat);
+  slot.decays = at::zeros({slice}, at::kBool);
+  const auto params = named(*shard);
+  for (size_t i = 0; i < params.size(); ++i) {
+    const auto o = shard->overlap(i);
+    if (o.length > 0 && AdamW::decays(params[i])) slot.decays.narrow(0, o.in_slice, o.length).fill_(true);
   }
-  exp_avg_ = at::zeros({slice_}, at::kFloat);
-  exp_avg_sq_ = at::zeros({slice_}, at::kFloat);
-  grad_ = at::zeros({slice_}, at::kFloat);
+  slot.shard = std::move(shard);
+  slots_.push_back(std::move(slot));
+}
+
+std::vector<NamedParam> ShardedAdamW::named(const parallel::FlatShard& shard) const {
+  std::vector<NamedParam> out;
+  for (size_t i = 0; i < shard.params().size(); ++i) out.push_back({shard.names()[i], shard.params()[i]});
+  return out;
 }
 
 double ShardedAdamW::reduce_gradients(double max_norm) {
+  if (!zero1_) throw ModelError("sharded AdamW: FSDP reduces the gradients itself");
   at::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({slice_ * comm_->size()}, at::kFloat);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const at::Tensor& g = params_[i].param.grad();
-    if (g.defined()) flat.narrow(0, offsets_[i], g.numel()).copy_(g.reshape({-1}));
+  parallel::FlatShard& shard = *slots_.front().shard;
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < shard.params().size(); ++i) {
+    grads.push_back(shard.params()[i].grad());
+    shard.has_grad[i] = grads.back().defined();
   }
-  comm_->reduce_scatter_sum(flat, grad_);
-  at::Tensor square = grad_.to(at::kDouble).pow(2).sum().reshape({1});
-  comm_->all_reduce_sum({square});
-  const double norm = std::sqrt(square.item<double>());
+  comm_->reduce_scatter_sum(shard.flatten(grads, at::kFloat), shard.grad);
+  return clip_gradients(max_norm);
+}
+
+double ShardedAdamW::clip_gradients(double max_norm) {
+  at::NoGradGuard no_grad;
+  // One message: the squared norm of this rank's slices, then which parameters got a gradient here.
+  std::vector<double> local{0.0};
+  for (const Slot& s : slots_) {
+    local[0] += s.shard->grad.to(at::kDouble).pow(2).sum().item<double>();
+    for (bool has : s.shard->has_grad) local.push_back(has ? 1.0 : 0.0);
+  }
+  at::Tensor totals = at::tensor(local, at::kDouble);
+  comm_->all_reduce_sum({totals});
+  const double* summed = totals.data_ptr<double>();
+  const double norm = std::sqrt(summed[0]);
+  size_t k = 1;
+  for (Slot& s : slots_) {
+    const parallel::FlatShard& shard = *s.shard;
+    std::vector<size_t> missing;
+    for (size_t i = 0; i < shard.params().size(); ++i, ++k)
+      if (summed[k] == 0.0) missing.push_back(i);
+    s.updates = at::Tensor();
+    if (missing.empty()) continue;
+    s.updates = at::ones({shard.slice_numel()}, at::kBool);
+    for (size_t i : missing) {
+      const auto o = shard.overlap(i);
+      if (o.length > 0) s.updates.narrow(0, o.in_slice, o.length).fill_(false);
+    }
+  }
   // The same rule as clip_grad_norm for an unsharded step.
-  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) grad_.mul_(max_norm / (norm + 1e-6));
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm)
+    for (Slot& s : slots_) s.shard->grad.mul_(max_norm / (norm + 1e-6));
   return norm;
 }
 
 void ShardedAdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
-  // AdamW::step's arithmetic, element for element, on this rank's slice.
-  if (options_.weight_decay != 0.0) {
-    const at::Tensor decayed = master_ * (1.0 - lr * options_.weight_decay);
-    master_ = at::where(decays_, decayed, master_);
+  for (Slot& s : slots_) {
+    at::Tensor& master = s.shard->master;
+    // Parameters no rank gave a gradient keep their weights and moments.
+    at::Tensor kept_master, kept_avg, kept_avg_sq;
+    if (s.updates.defined()) {
+      kept_master = master.clone();
+      kept_avg = s.exp_avg.clone();
+      kept_avg_sq = s.exp_avg_sq.clone();
+    }
+    // AdamW::step's arithmetic, element for element, on this rank's slice.
+    if (options_.weight_decay != 0.0) {
+      const at::Tensor decayed = master * (1.0 - lr * options_.weight_decay);
+      master.copy_(at::where(s.decays, decayed, master));
+    }
+    adam_update(master, s.shard->grad, s.exp_avg, s.exp_avg_sq, lr, step_, options_);
+    if (s.updates.defined()) {
+      master.copy_(at::where(s.updates, master, kept_master));
+      s.exp_avg.copy_(at::where(s.updates, s.exp_avg, kept_avg));
+      s.exp_avg_sq.copy_(at::where(s.updates, s.exp_avg_sq, kept_avg_sq));
+    }
   }
-  adam_update(master_, grad_, exp_avg_, exp_avg_sq_, lr, step_, options_);
-
-  const at::Tensor weights = gather(master_);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    at::Tensor& p = params_[i].param;
-    p.copy_(weights.narrow(0, offsets_[i], p.numel()).view_as(p));  // rounds into bf16 parameters
+  if (!zero1_) return;
+  const parallel::FlatShard& shard = *slots_.front().shard;
+  const at::Tensor weights = gather(shard.master);
+  for (size_t i = 0; i < shard.params().size(); ++i) {
+    at::Tensor p = shard.params()[i];
+    p.copy_(shard.unflatten(weights, i));  // rounds into bf16 parameters
   }
 }
 
 void ShardedAdamW::zero_grad() {
-  for (auto& p : params_) p.param.mutable_grad() = at::Tensor();
+  for (Slot& s : slots_) {
+    s.shard->grad.zero_();
+    std::fill(s.shard->has_grad.begin(), s.shard->has_grad.end(), false);
+    if (!zero1_) continue;
+    for (at::Tensor p : s.shard->params()) p.mutable_grad() = at::Tensor();
+  }
 }
 
 at::Tensor ShardedAdamW::gather(const at::Tensor& slice) const {
-  at::Tensor whole = at::empty({slice_ * comm_->size()}, slice.options());
+  at::Tensor whole = at::empty({slice.numel() * comm_->size()}, slice.options());
   comm_->all_gather_flat(slice, whole);
   return whole;
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ShardedAdamW::state_dict() const {
-  const at::Tensor m = gather(exp_avg_), v = gather(exp_avg_sq_), w = gather(master_);
   std::vector<std::pair<std::string, at::Tensor>> out;
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParam& p = params_[i];
-    auto whole = [&](const at::Tensor& flat) {
-      return flat.narrow(0, offsets_[i], p.param.numel()).view_as(p.param);
-    };
-    out.emplace_back("exp_avg." + p.name, whole(m));
-    out.emplace_back("exp_avg_sq." + p.name, whole(v));
-    if (p.param.scalar_type() == at::kBFloat16) out.emplace_back("master." + p.name, whole(w));
+  for (const Slot& s : slots_) {
+    const parallel::FlatShard& shard = *s.shard;
+    const at::Tensor m = gather(s.exp_avg), v = gather(s.exp_avg_sq), w = gather(shard.master);
+    for (size_t i = 0; i < shard.params().size(); ++i) {
+      const std::string& name = shard.names()[i];
+      out.emplace_back("exp_avg." + name, shard.unflatten(m, i));
+      out.emplace_back("exp_avg_sq." + name, shard.unflatten(v, i));
+      if (shard.params()[i].scalar_type() == at::kBFloat16)
+        out.emplace_back("master." + name, shard.unflatten(w, i));
+    }
   }
   out.emplace_back("step", at::scalar_tensor(step_, at::kLong));
   return out;
 }
 
 void ShardedAdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) {
-  // AdamW checks every entry (names, shapes, nothing missing or extra) and holds the whole state
-  // for as long as this takes its slice.
-  AdamW whole(params_, options_);
-  whole.load_state_dict(state);
+  std::vector<NamedParam> all;
+  for (const Slot& s : slots_)
+    for (const auto& p : named(*s.shard)) all.push_back(p);
+  const auto checked = checked_adamw_state(all, state);
   at::NoGradGuard no_grad;
-  std::map<std::string, at::Tensor> by_key;
-  for (auto& [key, value] : whole.state_dict()) by_key.emplace(key, value);
-  for (size_t i = 0; i < params_.size(); ++i) {
-    const NamedParam& p = params_[i];
-    const int64_t start = std::max(offsets_[i], begin_);
-    const int64_t end = std::min(offsets_[i] + p.param.numel(), begin_ + slice_);
-    if (start >= end) continue;
-    auto take = [&](at::Tensor& slice, const at::Tensor& source) {
-      slice.narrow(0, start - begin_, end - start)
-          .copy_(source.reshape({-1}).narrow(0, start - offsets_[i], end - start));
-    };
-    take(exp_avg_, by_key.at("exp_avg." + p.name));
-    take(exp_avg_sq_, by_key.at("exp_avg_sq." + p.name));
-    const auto master = by_key.find("master." + p.name);
-    take(master_, master != by_key.end() ? master->second : p.param.detach().to(at::kFloat));
+  for (Slot& s : slots_) {
+    parallel::FlatShard& shard = *s.shard;
+    std::vector<at::Tensor> m, v, w;
+    for (size_t i = 0; i < shard.params().size(); ++i) {
+      const std::string& name = shard.names()[i];
+      const at::Tensor& p = shard.params()[i];
+      m.push_back(checked.at("exp_avg." + name));
+      v.push_back(checked.at("exp_avg_sq." + name));
+      if (p.scalar_type() == at::kBFloat16) {
+        w.push_back(checked.at("master." + name));
+      } else {
+        w.push_back(zero1_ ? p.detach() : at::Tensor());  // FSDP: the shard already holds the weights
+      }
+    }
+    shard.take_slice(m, s.exp_avg);
+    shard.take_slice(v, s.exp_avg_sq);
+    shard.take_slice(w, shard.master);
   }
-  step_ = whole.step_count();
+  step_ = checked.at("step").item<int64_t>();
 }
 
 int64_t ShardedAdamW::state_bytes() const {
-  return master_.nbytes() + exp_avg_.nbytes() + exp_avg_sq_.nbytes();
+  int64_t bytes = 0;
+  for (const Slot& s : slots_) bytes += s.shard->master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+  return bytes;
 }
 
 }  // namespace loom::train

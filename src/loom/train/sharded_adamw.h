@@ -1,13 +1,17 @@
-// ZeRO stage 1 (distributed optimizer): AdamW whose fp32 master weights and moments are split
-// evenly over the data-parallel ranks. The trainable parameters are laid end to end in one flat
-// fp32 vector (padded to a multiple of the rank count); rank r owns the r-th equal slice. A step
-// reduce-scatters the gradients (each rank receives the sum of its slice), clips by the global
-// norm, updates its slice with AdamW's arithmetic, and all-gathers the updated weights into every
-// rank's parameters.
+// AdamW over parameters sharded across the data-parallel ranks (ZeRO): each rank keeps only its
+// slice of the fp32 master weights, of both moments and of the summed gradient, in one or more
+// parallel::FlatShard layouts, and applies AdamW's arithmetic, element for element, to that slice.
 //
-// Checkpoints hold the whole state in AdamW's own format (same keys, full shapes), gathered from
-// every rank, so a run saved under ZeRO-1 resumes under plain data parallelism or another rank
-// count, and the other way round.
+// ZeRO-1 (distributed optimizer): one shard over every trainable parameter, which stays whole on
+// every rank. A step reduce-scatters the gradients (each rank receives the sum of its slice), clips
+// by the global norm, updates the slice, and all-gathers the updated weights into the parameters.
+// FSDP (ZeRO-3): the shards are the FSDP units' (parallel/fsdp.h), whose gradients the FSDP engine
+// reduce-scatters; the optimizer only clips and updates, and FSDP gathers the parameters when a
+// forward pass needs them.
+//
+// Checkpoints hold the whole state in AdamW's own format (same keys, full shapes), so a run saved
+// under ZeRO-1 or FSDP resumes under plain data parallelism or another rank count, and the other
+// way round.
 //
 // Loom keeps it beside AdamW in train/, not in parallel/: it is an optimizer and shares AdamW's
 // update and state format; it wraps no model code.
@@ -20,42 +24,58 @@
 #include <vector>
 
 #include "loom/dist/comm.h"
+#include "loom/parallel/flat_shard.h"
 #include "loom/train/optimizer.h"
 
 namespace loom::train {
 
 class ShardedAdamW {
  public:
+  // ZeRO-1 over `params`.
   ShardedAdamW(std::shared_ptr<dist::Comm> comm, std::vector<NamedParam> params, AdamWOptions options);
+  // Over shards whose gradients someone else fills (FSDP). Every rank passes the same layouts.
+  ShardedAdamW(std::shared_ptr<dist::Comm> comm, std::vector<std::shared_ptr<parallel::FlatShard>> shards,
+               AdamWOptions options);
 
-  // Sums every gradient over the ranks into this rank's slice (missing gradients count as zeros)
-  // and clips the slice by the norm of the whole summed gradient (max_norm 0: no clipping).
-  // Returns that norm. Every rank calls it, once per step, after backward.
+  // ZeRO-1: sums every parameter's gradient over the ranks into this rank's slice (missing
+  // gradients count as zeros), then clip_gradients(max_norm). Every rank calls it, once per step.
   double reduce_gradients(double max_norm);
-  // Updates this rank's slice at learning rate `lr` and gathers the parameters from every rank.
+  // Clips the shards' gradients by the norm of the whole summed gradient (max_norm 0: no clipping)
+  // and returns that norm; learns which parameters got a gradient on any rank (the others are left
+  // alone by step, as AdamW leaves a parameter without a gradient). Every rank calls it, once per
+  // step, before step.
+  double clip_gradients(double max_norm);
+  // Updates this rank's slices at learning rate `lr`; ZeRO-1 then gathers the parameters.
   void step(double lr);
+  // Drops the parameters' gradients (ZeRO-1) and zeroes the shards'.
   void zero_grad();
 
   // The whole state, gathered from every rank (every rank must call it), in AdamW::state_dict()'s
   // keys and shapes.
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
-  // Takes this rank's slice of a whole state in AdamW's format (checked like AdamW's). Call after
-  // the parameters themselves are loaded: fp32 parameters are their own master weights.
+  // Takes this rank's slices of a whole state in AdamW's format (checked like AdamW's: nothing
+  // changes on a bad one). Call after the weights are loaded: fp32 parameters are their own master
+  // weights (ZeRO-1 takes them from the parameters; FSDP has already sharded them).
   void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
   int64_t step_count() const { return step_; }
-  // Bytes this rank holds for the optimizer: its slice of the master weights and both moments.
+  // Bytes this rank holds for the optimizer: its slices of the master weights and both moments.
   int64_t state_bytes() const;
 
  private:
+  struct Slot {
+    std::shared_ptr<parallel::FlatShard> shard;
+    at::Tensor exp_avg, exp_avg_sq;  // fp32 [slice]
+    at::Tensor decays;               // bool [slice]: weight decay applies
+    at::Tensor updates;              // bool [slice]: got a gradient on some rank; undefined: all did
+  };
+  void add(std::shared_ptr<parallel::FlatShard> shard);
+  std::vector<NamedParam> named(const parallel::FlatShard& shard) const;
   at::Tensor gather(const at::Tensor& slice) const;  // the whole flat vector of a per-rank slice
 
   std::shared_ptr<dist::Comm> comm_;
-  std::vector<NamedParam> params_;
-  std::vector<int64_t> offsets_;                     // where each parameter starts in the flat vector
-  int64_t slice_ = 0, begin_ = 0;                    // elements per rank, this rank's first element
-  at::Tensor master_, exp_avg_, exp_avg_sq_, grad_;  // fp32 [slice_]
-  at::Tensor decays_;                                // bool [slice_]: weight decay applies
+  std::vector<Slot> slots_;
+  bool zero1_ = false;  // the parameters are whole: gather into them after a step
   AdamWOptions options_;
   int64_t step_ = 0;
 };

@@ -176,7 +176,18 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     data_comm_ = parallel_->group({dist::Axis::dp, dist::Axis::cp});
   }
   const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
-  if (data_comm_ && job_.parallel.zero == 1) {
+  if (data_comm_ && job_.parallel.zero == 3) {
+    // FSDP: the units shard the parameters; the optimizer updates the units' slices.
+    std::vector<std::pair<std::string, at::Tensor>> trainable;
+    for (const auto& p : params) trainable.emplace_back(p.name, p.param);
+    const auto blocks = model_->blocks();
+    std::vector<std::string> plan = job_.parallel.fsdp_plan;
+    if (plan.empty())
+      for (const auto& block : blocks) plan.push_back(block.first);
+    fsdp_ = std::make_shared<parallel::FullyShardedModel>(data_comm_, trainable, blocks, plan);
+    model_->set_block_runner(fsdp_);
+    sharded_ = std::make_unique<ShardedAdamW>(data_comm_, fsdp_->shards(), adamw);
+  } else if (data_comm_ && job_.parallel.zero == 1) {
     // ZeRO-1: the optimizer reduce-scatters the gradients itself.
     sharded_ = std::make_unique<ShardedAdamW>(data_comm_, std::move(params), adamw);
   } else {
@@ -185,19 +196,69 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
                                                      job_.parallel.overlap_grad_reduce);
     optimizer_ = std::make_unique<AdamW>(std::move(params), adamw);
   }
-  int64_t param_bytes = 0;
-  for (const auto& p : trainable_) param_bytes += p.nbytes();
+  const ModelStateBytes bytes = model_state_bytes();
+  std::string layout = "";
+  if (fsdp_) {
+    const auto units = fsdp_->unit_names();
+    layout = fmt::format(
+        " (FSDP: 1/{} of every trainable parameter, gradient and moment, in the root unit and {} block "
+        "units{})",
+        data_comm_->size(), units.size() - 1,
+        units.size() > 1 ? fmt::format(" {} to {}", units[1], units.back()) : std::string());
+  } else if (sharded_) {
+    layout = fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", data_comm_->size());
+  }
   spdlog::info(
       "memory on this rank: trainable parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer state {:.1f} "
-      "MiB{}",
-      param_bytes / 1048576.0, param_bytes / 1048576.0,
-      (sharded_ ? sharded_->state_bytes() : optimizer_->state_bytes()) / 1048576.0,
-      sharded_ ? fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", data_comm_->size()) : "");
+      "MiB{}; model state per rank: {} bytes",
+      bytes.parameters / 1048576.0, bytes.gradients / 1048576.0, bytes.optimizer / 1048576.0, layout,
+      bytes.total());
+  if (job_.parallel.zero != 0 && !data_comm_)
+    spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard",
+                 job_.parallel.zero);
 }
+
+Trainer::ModelStateBytes Trainer::model_state_bytes() const {
+  ModelStateBytes bytes;
+  if (fsdp_) {
+    bytes.parameters = fsdp_->shard_parameter_bytes();  // the fp32 slices are the parameters
+    bytes.gradients = fsdp_->shard_gradient_bytes();
+    bytes.optimizer = sharded_->state_bytes() - bytes.parameters;
+    return bytes;
+  }
+  for (const auto& p : trainable_) bytes.parameters += static_cast<int64_t>(p.nbytes());
+  bytes.gradients = bytes.parameters;  // whole gradients, which ZeRO-1 reduce-scatters after backward
+  bytes.optimizer = sharded_ ? sharded_->state_bytes() : optimizer_->state_bytes();
+  return bytes;
+}
+
+namespace {
+
+// Every parameter whole for as long as it lives (FSDP), on every rank; nothing without FSDP.
+class WholeParameters {
+ public:
+  explicit WholeParameters(parallel::FullyShardedModel* fsdp) : fsdp_(fsdp) {
+    if (fsdp_) fsdp_->gather_all();
+  }
+  ~WholeParameters() {
+    if (fsdp_) fsdp_->release_all();
+  }
+  WholeParameters(const WholeParameters&) = delete;
+  WholeParameters& operator=(const WholeParameters&) = delete;
+
+ private:
+  parallel::FullyShardedModel* fsdp_;
+};
+
+}  // namespace
 
 Trainer::~Trainer() = default;
 
-void Trainer::load_weights(const std::string& dir) { models::load_parameters(*model_, dir); }
+void Trainer::load_weights(const std::string& dir) {
+  WholeParameters whole(fsdp_.get());
+  models::load_parameters(*model_, dir);
+  if (fsdp_) fsdp_->reshard_from_parameters();
+}
 
 std::optional<std::string> Trainer::resume_directory() const {
   const auto& resume = job_.training.resume;
@@ -234,7 +295,8 @@ void Trainer::resume_from(const std::string& dir) {
 void Trainer::save_checkpoint() {
   // Under ZeRO-1 every rank takes part in gathering the optimizer state.
   const auto optimizer_state = sharded_ ? sharded_->state_dict() : optimizer_->state_dict();
-  if (!is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
+  WholeParameters whole(fsdp_.get());  // every rank takes part in gathering the FSDP units
+  if (!is_main()) {                    // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
     comm_->barrier();
     return;
   }
@@ -271,13 +333,28 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   StepStats stats;
   int64_t local_targets = 0;
   for (const auto& b : micro_batches) local_targets += b.num_target_tokens;
-  const auto targets = static_cast<int64_t>(sum_over_ranks({static_cast<double>(local_targets)})[0]);
+  // With FSDP every rank makes as many passes as the rank with the most micro-batches (its
+  // collectives pair with theirs): the counts travel with the target count.
+  std::vector<double> counts{static_cast<double>(local_targets)};
+  if (fsdp_) {
+    counts.resize(1 + static_cast<size_t>(data_comm_->size()), 0.0);
+    counts[1 + static_cast<size_t>(data_comm_->rank())] = static_cast<double>(micro_batches.size());
+  }
+  counts = sum_over_ranks(counts);
+  const auto targets = static_cast<int64_t>(counts[0]);
   if (targets == 0) throw DataError("a training step has no target tokens to learn from");
+  size_t passes = micro_batches.size();
+  for (size_t r = 1; r < counts.size(); ++r) passes = std::max(passes, static_cast<size_t>(counts[r]));
   // Loss is the mean over every target token of the global batch, so the gradient does not
   // depend on how the batch is split into micro-batches or over data-parallel ranks.
   const double scale = 1.0 / static_cast<double>(targets);
   double loss_sum = 0;
-  for (size_t m = 0; m < micro_batches.size(); ++m) {
+  for (size_t m = 0; m < passes; ++m) {
+    if (fsdp_) fsdp_->begin_pass();
+    if (m >= micro_batches.size()) {  // FSDP: this rank's share had fewer micro-batches
+      stats.grad_sync_s += fsdp_->end_pass();
+      continue;
+    }
     const data::Batch& batch = micro_batches[m];
     const auto forward_begin = Clock::now();
     auto logits = model_->forward(model_inputs(batch));
@@ -293,10 +370,15 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     const std::vector<int64_t> lengths = batch.sequence_lengths();
     stats.samples += static_cast<int64_t>(lengths.size());
     stats.flops += model_->training_flops(lengths, batch.image_grid_thw);
+    if (fsdp_) stats.grad_sync_s += fsdp_->end_pass();
   }
   if (comm_) {
     // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
-    if (sharded_) {
+    if (fsdp_) {
+      const auto begin = Clock::now();
+      stats.grad_norm = sharded_->clip_gradients(job_.training.clip_grad);
+      stats.grad_sync_s += seconds_since(begin);
+    } else if (sharded_) {
       const auto begin = Clock::now();
       stats.grad_norm = sharded_->reduce_gradients(job_.training.clip_grad);
       stats.grad_sync_s = seconds_since(begin);
@@ -427,9 +509,17 @@ std::optional<EvalResult> Trainer::train() {
           "MiB, overlap {}; last step: {} started during backward)",
           total_grad_sync, total_step_time, reducer_->bucket_count(), job_.parallel.bucket_mb,
           job_.parallel.overlap_grad_reduce ? "on" : "off", reducer_->started_in_backward());
-    if (sharded_)
+    if (sharded_ && !fsdp_)
       spdlog::info("gradient reduce-scatter (ZeRO-1): {:.3f} s after backward in {:.1f} s of steps",
                    total_grad_sync, total_step_time);
+    if (fsdp_) {
+      const ModelStateBytes bytes = model_state_bytes();
+      spdlog::info(
+          "FSDP: {:.3f} s waited for gathers and reduce-scatters at the end of passes in {:.1f} s of steps; "
+          "model state per rank {} bytes between steps, peak during passes {} bytes more (gathered "
+          "parameters, unreduced gradients, reduce-scatter buffers)",
+          total_grad_sync, total_step_time, bytes.total(), fsdp_->peak_transient_bytes());
+    }
   };
   while (step_ < t.steps) {
     const auto step_start = Clock::now();
@@ -512,6 +602,9 @@ void Trainer::log_eval(const EvalResult& result, MetricsLog* metrics) {
 
 EvalResult Trainer::evaluate() {
   at::NoGradGuard no_grad;
+  // FSDP: ranks decode different batches for different numbers of steps, so the weights are made
+  // whole once rather than gathered per block (inference holds no gradients or optimizer state).
+  WholeParameters whole(fsdp_.get());
   constexpr int64_t kBatch = 100;
   const auto& tokenizer = data_->tokenizer();
   const int64_t im_end = tokenizer.id("<|im_end|>");

@@ -13,6 +13,7 @@
 #include "loom/dist/grad_reducer.h"
 #include "loom/dist/parallel_state.h"
 #include "loom/models/qwen2_vl/model.h"
+#include "loom/parallel/fsdp.h"
 #include "loom/train/job_data.h"
 #include "loom/train/optimizer.h"
 #include "loom/train/sharded_adamw.h"
@@ -90,6 +91,13 @@ class Trainer {
   std::vector<double> sum_over_ranks(std::vector<double> values) const;
 
   bool is_main() const { return !comm_ || comm_->rank() == 0; }
+  // Bytes this rank holds between steps for the trainable parameters, their gradients and the
+  // optimizer state, and a line saying so.
+  struct ModelStateBytes {
+    int64_t parameters = 0, gradients = 0, optimizer = 0;
+    int64_t total() const { return parameters + gradients + optimizer; }
+  };
+  ModelStateBytes model_state_bytes() const;
 
   config::JobConfig job_;
   std::shared_ptr<dist::Comm> comm_;               // every rank: barriers, evaluation
@@ -99,8 +107,9 @@ class Trainer {
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;
-  std::unique_ptr<AdamW> optimizer_;       // one of these two:
-  std::unique_ptr<ShardedAdamW> sharded_;  // parallel.zero=1 over several ranks
+  std::shared_ptr<parallel::FullyShardedModel> fsdp_;  // parallel.zero=3 over several ranks
+  std::unique_ptr<AdamW> optimizer_;                   // one of these two:
+  std::unique_ptr<ShardedAdamW> sharded_;              // parallel.zero=1 or 3 over several ranks
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;
   int64_t dp_ = 1;            // data-parallel ranks

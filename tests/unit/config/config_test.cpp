@@ -69,6 +69,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.parallel.timeout_s, 45);
   EXPECT_EQ(c.parallel.bucket_mb, 4);
   EXPECT_FALSE(c.parallel.overlap_grad_reduce);
+  EXPECT_EQ(c.parallel.fsdp_plan, (std::vector<std::string>{"visual.blocks.{0-1}", "model.layers.{*}"}));
 
   EXPECT_EQ(c.features.recompute, "none");
 
@@ -284,6 +285,10 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
       "its answers");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 2}\n"),
             "job.yaml: parallel.zero: 2 is not one of 0, 1, 3");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {fsdp_plan: ['model.layers.{*}']}\n"),
+            "job.yaml: parallel.fsdp_plan: is used only with parallel.zero=3 (FSDP); zero is 0");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 3, fsdp_plan: ['']}\n"),
+            "job.yaml: parallel.fsdp_plan: entry 0 is an empty module path");
 }
 
 TEST(ParseConfigErrors, Ranges) {

@@ -32,6 +32,7 @@ std::string error_of(const JobConfig& c, const ModelDims& dims, int64_t world) {
 TEST(ValidateParallel, DataParallelLayoutsPass) {
   EXPECT_NO_THROW(validate_parallel(job({}), kTiny, 1));
   EXPECT_NO_THROW(validate_parallel(job({}), kTiny, 4));                   // dp auto = 4, 32 % (8*4) == 0
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.zero=3"}), kTiny, 4));  // FSDP
   EXPECT_NO_THROW(validate_parallel(job({"parallel.zero=1"}), kTiny, 2));  // ZeRO-1 runs
   EXPECT_NO_THROW(validate_parallel(job({"parallel.dp=2", "training.micro_batch_size=16"}), kTiny, 2));
   EXPECT_EQ(data_parallel_size(job({}).parallel, 4), 4);
@@ -105,9 +106,6 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
       error_of(job({"parallel.tp=2", "parallel.sequence_parallel=true"}), kTiny, 2),
       "job.yaml: parallel.sequence_parallel=true: sequence parallelism is not available in this version of "
       "Loom");
-  EXPECT_EQ(
-      error_of(job({"parallel.zero=3"}), kTiny, 1),
-      "job.yaml: parallel.zero=3: ZeRO stage 3 (FSDP) sharding is not available in this version of Loom");
 }
 
 TEST(ValidateParallel, BadInputs) {

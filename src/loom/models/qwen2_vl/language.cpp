@@ -80,7 +80,9 @@ at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor&
   auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
   auto sin = angles.sin().unsqueeze(2);
   auto h = inputs_embeds;
-  for (const auto& layer : layers) h = layer->forward(h, cos, sin, cu_seqlens);
+  for (const auto& layer : layers)
+    h = nn::run_block(block_runner.get(), *layer, h,
+                      [&](const at::Tensor& x) { return layer->forward(x, cos, sin, cu_seqlens); });
   return norm->forward(h);
 }
 

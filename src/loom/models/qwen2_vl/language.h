@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
+#include "loom/nn/block_runner.h"
 #include "loom/nn/norm.h"
 #include "loom/parallel/tensor.h"
 
@@ -55,6 +56,8 @@ class TextModel : public torch::nn::Module {
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   TextConfig config;
+  // Runs each block when set (FSDP and the like); the blocks run directly when null.
+  std::shared_ptr<nn::BlockRunner> block_runner;
 };
 
 }  // namespace loom::models

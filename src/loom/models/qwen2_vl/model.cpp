@@ -162,4 +162,19 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
   return 3.0 * flops;
 }
 
+std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>
+Qwen2VLForConditionalGeneration::blocks() const {
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
+  for (size_t i = 0; i < visual->blocks.size(); ++i)
+    out.emplace_back(fmt::format("visual.blocks.{}", i), visual->blocks[i]);
+  for (size_t i = 0; i < model->layers.size(); ++i)
+    out.emplace_back(fmt::format("model.layers.{}", i), model->layers[i]);
+  return out;
+}
+
+void Qwen2VLForConditionalGeneration::set_block_runner(std::shared_ptr<nn::BlockRunner> runner) {
+  visual->block_runner = runner;
+  model->block_runner = std::move(runner);
+}
+
 }  // namespace loom::models

@@ -5,6 +5,8 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
@@ -51,6 +53,12 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module {
 
   // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
   double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
+
+  // The transformer blocks in the order a forward pass runs them, by parameter path prefix:
+  // visual.blocks.<i>, then model.layers.<i>.
+  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> blocks() const;
+  // Every block of the vision tower and the LLM runs through `runner` (null: directly).
+  void set_block_runner(std::shared_ptr<nn::BlockRunner> runner);
 
   std::shared_ptr<VisionTransformer> visual;
   std::shared_ptr<TextModel> model;

@@ -193,7 +193,9 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
                                 static_cast<int64_t>(i)) > 0;
     // Full attention after window reordering: frames stay contiguous because windows never
     // cross frames and are emitted frame by frame.
-    hidden = blocks[i]->forward(hidden, full ? frame_cu : windows.cu_window_seqlens, cos, sin);
+    const auto& cu = full ? frame_cu : windows.cu_window_seqlens;
+    hidden = nn::run_block(block_runner.get(), *blocks[i], hidden,
+                           [&](const at::Tensor& h) { return blocks[i]->forward(h, cu, cos, sin); });
   }
   auto merged = merger->forward(hidden);  // (N/4, out_width)
   if (windowed) merged = merged.index_select(0, at::argsort(windows.unit_order));

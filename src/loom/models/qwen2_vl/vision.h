@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
+#include "loom/nn/block_runner.h"
 #include "loom/nn/norm.h"
 #include "loom/parallel/tensor.h"
 
@@ -91,6 +92,8 @@ class VisionTransformer : public torch::nn::Module {
   std::vector<std::shared_ptr<VisionBlock>> blocks;
   std::shared_ptr<PatchMerger> merger;
   VisionConfig config;
+  // Runs each block when set (FSDP and the like); the blocks run directly when null.
+  std::shared_ptr<nn::BlockRunner> block_runner;
 };
 
 }  // namespace loom::models
