@@ -2,8 +2,9 @@
 # seed and global batch give, on 2 ranks (2 micro-batches each) and on 4 ranks, the loss of the
 # single-process run at every step and the same final weights, whether the gradient buckets are
 # summed during backward (overlap, 1 MiB buckets) or after it, under ZeRO-1 on 4 ranks and under
-# FSDP (ZeRO-3) on 4 ranks. ZeRO-1 and FSDP checkpoints of step 10 resume under plain dp=2 with the
-# single-process losses of steps 11-20 (checkpoints hold the whole state whatever the layout).
+# FSDP (ZeRO-3) on 4 ranks. Checkpoints of step 10 resume under another layout with the
+# single-process losses of steps 11-20 (they hold the whole state whatever the layout): ZeRO-1 and
+# FSDP dp=4 under plain dp=2, FSDP dp=4 under ZeRO-1 dp=2, plain dp=2 under FSDP dp=2.
 # FSDP's model state per rank (parameters + gradients + optimizer state) is at most 0.3x that of
 # one process. Then the failures: a world size the layout cannot use is a one-line error, and a
 # rank killed mid-run stops the others with a message naming it.
@@ -20,7 +21,7 @@ dp_run() {  # name, ranks, extra options...
     --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
     { cat "$WORK/$name.log"; fail "$name run"; }
 }
-dp_run dp2 2 --set parallel.bucket_mb=1
+dp_run dp2 2 --set parallel.bucket_mb=1 --set training.save_every=10
 dp_run dp2_after_backward 2 --set parallel.overlap_grad_reduce=false
 dp_run dp4 4 --set parallel.bucket_mb=1
 dp_run zero1_dp4 4 --set parallel.zero=1 --set training.save_every=10
@@ -29,12 +30,18 @@ grep -q "^\[rank 0\] .*optimizer state [0-9.]* MiB (ZeRO-1: 1/4 of the master we
 dp_run fsdp_dp4 4 --set parallel.zero=3 --set training.save_every=10
 grep -q "^\[rank 0\] .*(FSDP: 1/4 of every trainable parameter, gradient and moment, in the root unit and 5 block units visual.blocks.0 to model.layers.2)" \
   "$WORK/fsdp_dp4.log" || { cat "$WORK/fsdp_dp4.log"; fail "fsdp: no memory report"; }
-for from in zero1_dp4 fsdp_dp4; do
-  mkdir -p "$WORK/resumed_dp2_$from" && cp -r "$WORK/$from/step-00000010" "$WORK/resumed_dp2_$from/"
-  dp_run "resumed_dp2_$from" 2
-  grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/resumed_dp2_$from.log" ||
-    { cat "$WORK/resumed_dp2_$from.log"; fail "no resume from $from"; }
-done
+# Step-10 checkpoints resumed under another layout: name, the run that saved it, options.
+resume_run() {
+  local name=$1 from=$2
+  shift 2
+  mkdir -p "$WORK/$name" && cp -r "$WORK/$from/step-00000010" "$WORK/$name/"
+  dp_run "$name" 2 "$@"
+  grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "no resume in $name"; }
+}
+resume_run resumed_dp2_zero1_dp4 zero1_dp4
+resume_run resumed_dp2_fsdp_dp4 fsdp_dp4
+resume_run resumed_zero1_dp2_fsdp_dp4 fsdp_dp4 --set parallel.zero=1
+resume_run resumed_fsdp_dp2_dp2 dp2 --set parallel.zero=3
 # Model state per rank: one process against FSDP on 4 ranks (rank 0 reports; the slices are equal).
 python3 - "$WORK" <<'PY'
 import re, sys
@@ -75,7 +82,7 @@ one = steps(f"{work}/one/metrics.jsonl")
 w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
 assert sorted(one) == list(range(1, 21))
 for name in ("dp2", "dp2_after_backward", "dp4", "zero1_dp4", "fsdp_dp4", "resumed_dp2_zero1_dp4",
-             "resumed_dp2_fsdp_dp4"):
+             "resumed_dp2_fsdp_dp4", "resumed_zero1_dp2_fsdp_dp4", "resumed_fsdp_dp2_dp2"):
     other = steps(f"{work}/{name}/metrics.jsonl")
     first = 11 if name.startswith("resumed") else 1
     assert sorted(other) == list(range(first, 21)), (name, sorted(other))

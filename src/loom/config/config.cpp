@@ -275,6 +275,17 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
   r.read("bucket_mb", p.bucket_mb);
   r.at_least("bucket_mb", p.bucket_mb, int64_t{1});
   r.read("overlap_grad_reduce", p.overlap_grad_reduce);
+  // The all-reduce buckets are plain data parallelism's: ZeRO-1 reduce-scatters once after backward
+  // and FSDP per unit, so a setting of theirs would be ignored.
+  const ParallelSection defaults;
+  if (p.zero != 0 && p.bucket_mb != defaults.bucket_mb)
+    r.fail("bucket_mb", fmt::format("sizes the all-reduce buckets of zero=0; zero={} reduce-scatters "
+                                    "without them (remove it)",
+                                    p.zero));
+  if (p.zero != 0 && p.overlap_grad_reduce != defaults.overlap_grad_reduce)
+    r.fail("overlap_grad_reduce", fmt::format("applies to the all-reduce buckets of zero=0; zero={} has none "
+                                              "(remove it)",
+                                              p.zero));
   r.read("fsdp_plan", p.fsdp_plan);
   for (size_t i = 0; i < p.fsdp_plan.size(); ++i)
     if (p.fsdp_plan[i].empty()) r.fail("fsdp_plan", fmt::format("entry {} is an empty module path", i));

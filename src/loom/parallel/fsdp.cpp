@@ -68,6 +68,24 @@ bool fsdp_plan_matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
+std::vector<bool> fsdp_planned_blocks(
+    const std::vector<std::string>& plan,
+    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks) {
+  std::vector<bool> planned(blocks.size(), false);
+  for (const std::string& pattern : plan) {
+    bool any = false;
+    for (size_t b = 0; b < blocks.size(); ++b)
+      if (fsdp_plan_matches(pattern, blocks[b].first)) planned[b] = any = true;
+    if (!any)
+      throw ConfigError(fmt::format(
+          "parallel.fsdp_plan: '{}' names no block of this model; its blocks are {} to {} (patterns such "
+          "as visual.blocks.{{*}}, model.layers.{{0-3}})",
+          pattern, blocks.empty() ? "none" : blocks.front().first,
+          blocks.empty() ? "none" : blocks.back().first));
+  }
+  return planned;
+}
+
 struct FullyShardedModel::Unit {
   std::string name;  // the block's path, or "root"
   std::shared_ptr<FlatShard> shard;
@@ -86,19 +104,7 @@ FullyShardedModel::FullyShardedModel(
     std::shared_ptr<dist::Comm> comm, const std::vector<std::pair<std::string, at::Tensor>>& params,
     const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks,
     const std::vector<std::string>& plan) {
-  // The blocks the plan names, each a unit of its own.
-  std::vector<bool> planned(blocks.size(), false);
-  for (const std::string& pattern : plan) {
-    bool any = false;
-    for (size_t b = 0; b < blocks.size(); ++b)
-      if (fsdp_plan_matches(pattern, blocks[b].first)) planned[b] = any = true;
-    if (!any)
-      throw ConfigError(fmt::format(
-          "parallel.fsdp_plan: '{}' names no block of this model; its blocks are {} to {} (patterns such "
-          "as visual.blocks.{{*}}, model.layers.{{0-3}})",
-          pattern, blocks.empty() ? "none" : blocks.front().first,
-          blocks.empty() ? "none" : blocks.back().first));
-  }
+  const std::vector<bool> planned = fsdp_planned_blocks(plan, blocks);
   std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(blocks.size() + 1);  // 0: root
   for (const auto& [name, param] : params) {
     size_t target = 0;
@@ -106,6 +112,23 @@ FullyShardedModel::FullyShardedModel(
       if (planned[b] && name.rfind(blocks[b].first + ".", 0) == 0) target = b + 1;
     members[target].emplace_back(name, param);
   }
+  // A block none of whose parameters trains stays whole on every rank and runs as it is.
+  for (size_t b = 0; b < blocks.size(); ++b) {
+    const std::string prefix = blocks[b].first + ".";
+    if (std::none_of(params.begin(), params.end(),
+                     [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; }))
+      whole_blocks_.insert(blocks[b].second.get());
+  }
+  // Everything is checked before any parameter changes.
+  for (const auto& unit : members)
+    for (const auto& [name, param] : unit) {
+      if (param.scalar_type() != unit.front().second.scalar_type())
+        throw ModelError(fmt::format("FSDP: {} is {} but {} is {}: a unit holds one dtype", name,
+                                     c10::toString(param.scalar_type()), unit.front().first,
+                                     c10::toString(unit.front().second.scalar_type())));
+      if (!param.requires_grad() || !param.is_leaf())
+        throw ModelError(fmt::format("FSDP: parameter {} is not a trainable leaf", name));
+    }
   std::vector<int64_t> everyone(static_cast<size_t>(comm->size()));
   std::iota(everyone.begin(), everyone.end(), int64_t{0});
   gather_comm_ = comm->subgroup("fsdp-gather", everyone);
@@ -118,12 +141,8 @@ FullyShardedModel::FullyShardedModel(
     unit->name = m == 0 ? "root" : blocks[m - 1].first;
     std::vector<std::string> names;
     std::vector<at::Tensor> tensors;
-    at::ScalarType dtype = at::kFloat;
+    const at::ScalarType dtype = members[m].empty() ? at::kFloat : members[m].front().second.scalar_type();
     for (const auto& [name, param] : members[m]) {
-      if (!tensors.empty() && param.scalar_type() != dtype)
-        throw ModelError(fmt::format("FSDP: unit {} mixes {} and {} parameters ({})", unit->name,
-                                     c10::toString(dtype), c10::toString(param.scalar_type()), name));
-      dtype = param.scalar_type();
       names.push_back(name);
       tensors.push_back(param);
     }
@@ -143,8 +162,6 @@ FullyShardedModel::FullyShardedModel(
     if (m > 0) unit_of_[blocks[m - 1].second.get()] = u;
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(tensors[i]);
-      if (!accumulator)
-        throw ModelError(fmt::format("FSDP: parameter {} is not a trainable leaf", unit->shard->names()[i]));
       hook_keys_.push_back(accumulator->add_post_hook(
           std::make_unique<dist::GradientReadyHook>([this, u, i] { on_gradient_ready(u, i); })));
       accumulators_.push_back(std::move(accumulator));
@@ -194,7 +211,10 @@ FullyShardedModel::~FullyShardedModel() {
     stopping_ = true;
   }
   queue_changed_.notify_all();
-  reduce_thread_.join();  // after the reduce-scatters still queued (a pass an error cut short)
+  // After the reduce-scatters still queued (a pass an error cut short). These waits end: every
+  // collective this rank started, the other ranks start too (they issue in the same order and only
+  // ever wait on collectives they have issued), or they have died and it fails at once.
+  reduce_thread_.join();
   for (auto& unit : units_) {
     try {  // let the gathers end before their buffers go
       if (unit->gather) unit->gather->wait();
@@ -223,6 +243,7 @@ void FullyShardedModel::start_gather(size_t u) {
                                ? unit.shard->master
                                : unit.shard->master.to(unit.whole.scalar_type());
   unit.gather = gather_comm_->start_all_gather_flat(input, unit.whole);
+  account(static_cast<int64_t>(unit.whole.nbytes()));  // Gloo gathers into a flat buffer of its own
 }
 
 void FullyShardedModel::wait_gather(size_t u) {
@@ -230,6 +251,7 @@ void FullyShardedModel::wait_gather(size_t u) {
   if (!unit.gather) return;
   auto work = std::move(unit.gather);
   work->wait();
+  account(-static_cast<int64_t>(unit.whole.nbytes()));
 }
 
 void FullyShardedModel::free_unit(size_t u) {
@@ -246,6 +268,16 @@ void FullyShardedModel::issue_forward_through(size_t position) {
     start_gather(forward_next_);
 }
 
+void FullyShardedModel::pass_over_forward_before(size_t u) {
+  // Units before `u` whose forward this rank skipped (no images: no vision block ran): their
+  // gathers pair with the other ranks', one at a time, so no more than one is whole at once.
+  for (; forward_next_ < u; ++forward_next_) {
+    start_gather(forward_next_);
+    free_unit(forward_next_);
+  }
+  for (size_t v = 1; v < u; ++v) free_unit(v);  // one gathered ahead that did not run either
+}
+
 void FullyShardedModel::issue_backward_through(size_t position) {
   for (; backward_next_ <= position && backward_next_ < backward_gathers_.size(); ++backward_next_)
     start_gather(backward_gathers_[backward_next_]);
@@ -253,7 +285,9 @@ void FullyShardedModel::issue_backward_through(size_t position) {
 
 void FullyShardedModel::begin_pass() {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
-  if (mode_ != Mode::sharded) throw ModelError("FSDP: a pass began while the parameters were whole");
+  if (mode_ != Mode::sharded)
+    throw ModelError(mode_ == Mode::pass ? "FSDP: a pass began before the previous one ended"
+                                         : "FSDP: a pass began while every parameter was whole (gather_all)");
   mode_ = Mode::pass;
   forward_next_ = backward_next_ = reduce_next_ = 0;
   for (auto& unit : units_) {
@@ -270,14 +304,21 @@ at::Tensor FullyShardedModel::run(const torch::nn::Module& block, const at::Tens
   size_t u = 0;
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    if (mode_ == Mode::gathered) return forward(hidden);
-    if (mode_ != Mode::pass)
-      throw ModelError("FSDP: a block ran while the parameters were sharded (outside a pass or gather_all)");
     const auto it = unit_of_.find(&block);
-    if (it == unit_of_.end()) return forward(hidden);  // its parameters are the root's, or frozen
+    if (mode_ == Mode::gathered || whole_blocks_.count(&block) > 0) return forward(hidden);
+    if (mode_ != Mode::pass)
+      throw ModelError(
+          fmt::format("FSDP: block {} ran while the parameters were sharded (outside a pass "
+                      "or gather_all)",
+                      it != unit_of_.end() ? units_[it->second]->name : "of the root unit"));
+    if (it == unit_of_.end()) return forward(hidden);  // its parameters are the root unit's, gathered
     u = it->second;
+    pass_over_forward_before(u);
     issue_forward_through(u + 1);  // this block, and the next one's gather to overlap this compute
     wait_gather(u);
+    if (!units_[u]->gathered)
+      throw ModelError(fmt::format(
+          "FSDP: block {} ran twice in one pass (its weights are freed after it runs)", units_[u]->name));
   }
   at::Tensor out = forward(hidden);
   std::lock_guard<std::recursive_mutex> lock(mutex_);
@@ -322,7 +363,7 @@ void FullyShardedModel::start_reduce(size_t u) {
   for (at::Tensor p : unit.shard->params()) p.mutable_grad() = at::Tensor();
   account(-unit.ready_bytes);
   unit.ready_bytes = 0;
-  unit.reduce_bytes = static_cast<int64_t>(send.nbytes());
+  unit.reduce_bytes = 2 * static_cast<int64_t>(send.nbytes());  // and the all-to-all's receive buffer
   account(unit.reduce_bytes);
   unit.reduced = at::empty({unit.shard->slice_numel()}, at::kFloat);
   unit.reduce = reduce_comm_->start_reduce_scatter_sum(send, unit.reduced);
@@ -338,16 +379,24 @@ double FullyShardedModel::end_pass() {
   const auto begin = std::chrono::steady_clock::now();
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (mode_ != Mode::pass) throw ModelError("FSDP: end_pass without begin_pass");
-  // What this rank skipped, every other rank may have done: issue it all (in the fixed orders)
-  // before waiting on anything.
-  issue_forward_through(units_.size());
-  issue_backward_through(backward_gathers_.size());
-  while (reduce_next_ < reductions_.size()) start_reduce(reductions_[reduce_next_++]);
+  // What this rank skipped, every other rank may have done, in the fixed orders: one unit at a
+  // time (gathered and freed, or reduced and finished), so a rank that skipped much holds one
+  // unit's buffers at once. Every gather is issued before any reduce-scatter is waited on here, so
+  // no rank waits on a collective another has yet to reach.
+  pass_over_forward_before(units_.size());
+  for (; backward_next_ < backward_gathers_.size(); ++backward_next_) {
+    start_gather(backward_gathers_[backward_next_]);
+    free_unit(backward_gathers_[backward_next_]);
+  }
   for (size_t u = 0; u < units_.size(); ++u) free_unit(u);
+  while (reduce_next_ < reductions_.size()) {
+    start_reduce(reductions_[reduce_next_++]);
+    wait_for_reductions();
+  }
+  wait_for_reductions();
   std::exception_ptr error;
   {
-    std::unique_lock<std::mutex> lock(queue_mutex_);
-    queue_changed_.wait(lock, [&] { return queue_.empty() && !finishing_; });
+    std::lock_guard<std::mutex> lock(queue_mutex_);
     std::swap(error, reduce_error_);
   }
   mode_ = Mode::sharded;
@@ -357,6 +406,11 @@ double FullyShardedModel::end_pass() {
   }
   if (error) std::rethrow_exception(error);
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+void FullyShardedModel::wait_for_reductions() {
+  std::unique_lock<std::mutex> lock(queue_mutex_);
+  queue_changed_.wait(lock, [&] { return queue_.empty() && !finishing_; });
 }
 
 void FullyShardedModel::gather_all() {

@@ -36,6 +36,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <string>
 #include <thread>
 #include <utility>
@@ -54,6 +55,11 @@ namespace loom::parallel {
 // Whether a dotted module path matches an fsdp_plan pattern, part by part: a part {*} matches any
 // integer and {a-b} an integer from a to b; any other part matches itself.
 bool fsdp_plan_matches(const std::string& pattern, const std::string& path);
+// Which of a model's blocks (by path, in forward order) the plan names; ConfigError for a pattern
+// that names none.
+std::vector<bool> fsdp_planned_blocks(
+    const std::vector<std::string>& plan,
+    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks);
 
 class FullyShardedModel : public nn::BlockRunner {
  public:
@@ -70,7 +76,8 @@ class FullyShardedModel : public nn::BlockRunner {
   FullyShardedModel& operator=(const FullyShardedModel&) = delete;
 
   // One micro-batch's forward and backward happen between these two; every rank makes the same
-  // number of passes (an empty pass has no forward). end_pass returns the seconds it waited.
+  // number of passes (an empty pass has no forward). end_pass returns the seconds it took: the
+  // collectives of what this rank skipped, and the wait for the reduce-scatters still in flight.
   void begin_pass();
   double end_pass();
 
@@ -99,6 +106,8 @@ class FullyShardedModel : public nn::BlockRunner {
   void wait_gather(size_t u);
   void free_unit(size_t u);
   void issue_forward_through(size_t position);
+  void pass_over_forward_before(size_t u);
+  void wait_for_reductions();
   void issue_backward_through(size_t position);
   void before_backward(size_t u);
   void on_gradient_ready(size_t u, size_t param);
@@ -111,6 +120,7 @@ class FullyShardedModel : public nn::BlockRunner {
   std::shared_ptr<dist::Comm> gather_comm_, reduce_comm_;
   std::vector<std::unique_ptr<Unit>> units_;  // root first, then blocks in forward order
   std::map<const torch::nn::Module*, size_t> unit_of_;
+  std::set<const torch::nn::Module*> whole_blocks_;  // blocks with no trainable parameter
   // Backward order of the gathers (blocks in reverse) and of the reduce-scatters (then root).
   std::vector<size_t> backward_gathers_, reductions_;
   size_t forward_next_ = 0, backward_next_ = 0, reduce_next_ = 0;

@@ -103,7 +103,7 @@ struct Trainer::StepStats {
   double loss = 0, grad_norm = 0;
   int64_t tokens = 0, samples = 0;
   double flops = 0;
-  double grad_sync_s = 0;  // waiting for the gradient all-reduce after backward
+  double grad_sync_s = 0;  // gradient communication not hidden behind backward (all-reduce, ZeRO, FSDP)
   double forward_s = 0, backward_s = 0;
 };
 
@@ -213,6 +213,8 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
       "MiB{}; model state per rank: {} bytes",
       bytes.parameters / 1048576.0, bytes.gradients / 1048576.0, bytes.optimizer / 1048576.0, layout,
       bytes.total());
+  if (job_.parallel.zero == 3 && !data_comm_)
+    parallel::fsdp_planned_blocks(job_.parallel.fsdp_plan, model_->blocks());  // a bad plan fails here too
   if (job_.parallel.zero != 0 && !data_comm_)
     spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard",
                  job_.parallel.zero);
@@ -278,10 +280,14 @@ void Trainer::resume_from(const std::string& dir) {
   checkpoint::SafetensorsReader reader(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& name : reader.names()) tensors.emplace_back(name, reader.load(name));
-  if (sharded_) {
-    sharded_->load_state_dict(tensors);
-  } else {
-    optimizer_->load_state_dict(tensors);
+  try {
+    if (sharded_) {
+      sharded_->load_state_dict(tensors);
+    } else {
+      optimizer_->load_state_dict(tensors);
+    }
+  } catch (const CheckpointError& e) {
+    throw CheckpointError(fmt::format("{}/optimizer.safetensors: {}", dir, e.what()));
   }
   step_ = state.at("step").get<int64_t>();
   if (state.at("global_batch_size").get<int64_t>() != job_.training.global_batch_size)

@@ -67,8 +67,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_TRUE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 3);
   EXPECT_EQ(c.parallel.timeout_s, 45);
-  EXPECT_EQ(c.parallel.bucket_mb, 4);
-  EXPECT_FALSE(c.parallel.overlap_grad_reduce);
+  EXPECT_EQ(c.parallel.bucket_mb, 25);  // zero=3 takes no all-reduce buckets
   EXPECT_EQ(c.parallel.fsdp_plan, (std::vector<std::string>{"visual.blocks.{0-1}", "model.layers.{*}"}));
 
   EXPECT_EQ(c.features.recompute, "none");
@@ -287,6 +286,16 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
             "job.yaml: parallel.zero: 2 is not one of 0, 1, 3");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {fsdp_plan: ['model.layers.{*}']}\n"),
             "job.yaml: parallel.fsdp_plan: is used only with parallel.zero=3 (FSDP); zero is 0");
+  const JobConfig buckets =
+      parse_config(kMinimal + "parallel: {bucket_mb: 4, overlap_grad_reduce: false}\n", "job.yaml", {});
+  EXPECT_EQ(buckets.parallel.bucket_mb, 4);
+  EXPECT_FALSE(buckets.parallel.overlap_grad_reduce);
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 1, bucket_mb: 4}\n"),
+            "job.yaml: parallel.bucket_mb: sizes the all-reduce buckets of zero=0; zero=1 reduce-scatters "
+            "without them (remove it)");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 3, overlap_grad_reduce: false}\n"),
+            "job.yaml: parallel.overlap_grad_reduce: applies to the all-reduce buckets of zero=0; zero=3 has "
+            "none (remove it)");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 3, fsdp_plan: ['']}\n"),
             "job.yaml: parallel.fsdp_plan: entry 0 is an empty module path");
 }
