@@ -291,6 +291,13 @@ void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
   }
 }
 
+void Comm::all_reduce_mean(const std::vector<at::Tensor>& tensors) {
+  all_reduce_sum(tensors);
+  at::NoGradGuard no_grad;
+  for (const at::Tensor& t : tensors)
+    if (t.defined()) at::Tensor(t).div_(static_cast<double>(size_));
+}
+
 std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<int64_t>& members) const {
   const auto self = std::find(members.begin(), members.end(), rank_);
   if (self == members.end() || !std::is_sorted(members.begin(), members.end()) ||

@@ -41,6 +41,9 @@ class Comm {
   // Sums each tensor over the ranks, in place. Tensors of one dtype travel together in flat
   // buffers of up to kBucketBytes, so many small gradients cost a few messages.
   void all_reduce_sum(const std::vector<at::Tensor>& tensors);
+  // The element-wise mean over the ranks, in place (libtorch 1.13's Gloo has no AVG: a sum, then a
+  // division), bf16 and half travelling as fp32 like all_reduce_sum's.
+  void all_reduce_mean(const std::vector<at::Tensor>& tensors);
   // Starts summing one contiguous tensor over the ranks, in place, and returns at once. Every rank
   // must start its collectives in the same order. `flat` must be contiguous and 1-D; bf16 and
   // half are not accepted (Gloo in libtorch 1.13 cannot sum them): widen them first.

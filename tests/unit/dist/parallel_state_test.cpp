@@ -6,19 +6,16 @@
 
 #include <gtest/gtest.h>
 
-#include <chrono>
-
-#include "loom/dist/launch_env.h"
+#include "loom_run_world.h"
 
 namespace loom::dist {
 namespace {
 
 TEST(ParallelStateUnderLoomRun, EachGroupSumsOverTheRanksOfItsAxes) {
-  const LaunchEnv env = launch_env_from_process();
-  if (env.world_size != 4) GTEST_SKIP() << "needs 4 ranks: loom run -n 4 -- loom_dist_tests";
-  const ParallelState state(Comm::connect(env, std::chrono::seconds(60)), {/*tp=*/2, /*cp=*/1, /*ep=*/2,
-                                                                           /*dp=*/2, /*pp=*/1});
-  const int64_t rank = env.rank;
+  const auto world = loom_run_world();
+  if (!world) GTEST_SKIP() << "needs 4 ranks: loom run -n 4 -- loom_dist_tests";
+  const ParallelState state(world, {/*tp=*/2, /*cp=*/1, /*ep=*/2, /*dp=*/2, /*pp=*/1});
+  const int64_t rank = world->rank();
   for (auto axes : std::vector<std::vector<Axis>>{
            {Axis::tp}, {Axis::dp}, {Axis::ep}, {Axis::edp}, {Axis::dp, Axis::cp}, {Axis::tp, Axis::pp}}) {
     const std::vector<int64_t> members = state.grid().group_of(rank, axes);
