@@ -295,9 +295,10 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
 }
 
 FeaturesSection read_features(const YamlValue* section, const std::string& source) {
-  const SectionReader r(section, "features", {"recompute"}, source);
+  const SectionReader r(section, "features", {"recompute", "fused_kernels"}, source);
   FeaturesSection f;
   r.read("recompute", f.recompute);
+  r.read("fused_kernels", f.fused_kernels);
   r.one_of("recompute", f.recompute, {"none"});
   return f;
 }
@@ -427,7 +428,9 @@ bool operator==(const ParallelSection& a, const ParallelSection& b) {
          a.bucket_mb == b.bucket_mb && a.overlap_grad_reduce == b.overlap_grad_reduce &&
          a.fsdp_plan == b.fsdp_plan;
 }
-bool operator==(const FeaturesSection& a, const FeaturesSection& b) { return a.recompute == b.recompute; }
+bool operator==(const FeaturesSection& a, const FeaturesSection& b) {
+  return a.recompute == b.recompute && a.fused_kernels == b.fused_kernels;
+}
 bool operator==(const TrainingSection& a, const TrainingSection& b) {
   return a.steps == b.steps && a.global_batch_size == b.global_batch_size &&
          a.micro_batch_size == b.micro_batch_size && a.lr == b.lr && a.min_lr == b.min_lr &&

@@ -63,6 +63,7 @@ struct ParallelSection {
 
 struct FeaturesSection {
   std::string recompute = "none";  // only none for now
+  bool fused_kernels = true;       // Loom's fused CPU kernels (flash attention) instead of composites
 };
 
 struct TrainingSection {

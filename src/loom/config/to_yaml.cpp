@@ -132,6 +132,7 @@ std::string to_yaml(const JobConfig& c) {
 
   out += "features:\n";
   line("recompute", yaml_string(c.features.recompute));
+  line("fused_kernels", boolean(c.features.fused_kernels));
 
   const TrainingSection& t = c.training;
   out += "training:\n";

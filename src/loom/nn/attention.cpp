@@ -1,11 +1,21 @@
 #include "loom/nn/attention.h"
 
+#include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <map>
 
+#include "loom/kernels/attention.h"
 #include "loom/util/errors.h"
 
 namespace loom::nn {
+
+namespace {
+std::atomic<bool> fused{true};
+}  // namespace
+
+void set_fused_attention(bool on) { fused = on; }
+bool fused_attention() { return fused; }
 
 namespace {
 
@@ -38,6 +48,12 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
     auto t = x.transpose(1, 2);
     return x.size(2) == heads ? t : t.repeat_interleave(heads / x.size(2), 1);
   };
+  if (fused) {
+    int64_t longest = 0;
+    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
+      longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
+    if (longest >= kFlashMinLength) return kernels::flash_attention(q, k, v, cu_seqlens, {causal});
+  }
   // Group segment starts by length so each group runs as one batched product.
   std::map<int64_t, std::vector<int64_t>> starts_by_length;
   for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
@@ -79,6 +95,14 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
   if (heads % kv_heads)
     throw ModelError(
         fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+  if (fused && q.size(1) >= kFlashMinLength) {
+    // Each row is one causal segment of the packed (B * L) tokens.
+    const int64_t rows = q.size(0), length = q.size(1);
+    std::vector<int64_t> cu{0};
+    for (int64_t b = 0; b < rows; ++b) cu.push_back(cu.back() + length);
+    auto flat = [&](const at::Tensor& x) { return x.reshape({rows * length, x.size(2), x.size(3)}); };
+    return kernels::flash_attention(flat(q), flat(k), flat(v), cu, {/*causal=*/true}).view(q.sizes());
+  }
   auto qh = q.transpose(1, 2);  // (B, Hq, L, D)
   auto kh = k.transpose(1, 2);
   auto vh = v.transpose(1, 2);

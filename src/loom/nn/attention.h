@@ -1,11 +1,19 @@
-// Scaled dot-product attention in its straightforward composite form (matmul, softmax in fp32,
-// matmul). The fused kernels replace these behind the same signatures.
+// Scaled dot-product attention. With fused kernels on (features.fused_kernels, the default), segments
+// of kFlashMinLength tokens or more run through kernels::flash_attention (tiled, online softmax,
+// O(seq) extra memory, masked blocks skipped); shorter ones, and everything with fused kernels off,
+// in the straightforward composite form (matmul, softmax in fp32, matmul), where equal-length
+// segments batch into one product and beat per-tile calls.
 #pragma once
 #include <ATen/ATen.h>
 
 #include <vector>
 
 namespace loom::nn {
+
+// Process-wide switch for the fused attention kernel (the trainer sets it from the job).
+void set_fused_attention(bool on);
+bool fused_attention();
+constexpr int64_t kFlashMinLength = 128;
 
 // Attention restricted to segments [cu[i], cu[i+1]) of the token axis: bidirectional for the
 // vision tower (one image or video frame each), causal within each segment for packed text (one

@@ -16,6 +16,7 @@
 #include "loom/data/loader.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
+#include "loom/nn/attention.h"
 #include "loom/train/flops.h"
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
@@ -130,6 +131,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     : job_(std::move(job)), comm_(std::move(comm)) {
   const auto& t = job_.training;
   model_config_ = job_model_config(job_);
+  nn::set_fused_attention(job_.features.fused_kernels);
   const int64_t world = comm_ ? comm_->size() : 1;
   validate_layout(job_, model_config_, world);
   // tp, cp and pp are 1 (validate_parallel refuses the rest): every rank is a data-parallel rank.
@@ -411,6 +413,60 @@ void Trainer::optimizer_step(double lr) {
     optimizer_->step(lr);
     optimizer_->zero_grad();
   }
+}
+
+void Trainer::export_steps(const std::string& dir, int64_t steps) {
+  if (comm_) throw ConfigError("data export: runs in one process (it writes the whole global batch)");
+  if (steps < 1) throw ConfigError(fmt::format("data export: needs --steps >= 1, got {}", steps));
+  const auto& t = job_.training;
+  fs::create_directories(dir + "/model");
+  fs::create_directories(dir + "/steps");
+  checkpoint::save_safetensors(dir + "/model/model.safetensors", models::named_parameters(*model_),
+                               {{"format", "pt"}});
+  checkpoint::write_text_file_durable(dir + "/model/config.json",
+                                      models::to_hf_config(model_config_).dump(2) + "\n");
+  const nlohmann::json settings = {{"steps", t.steps},
+                                   {"exported_steps", steps},
+                                   {"global_batch_size", t.global_batch_size},
+                                   {"micro_batch_size", t.micro_batch_size},
+                                   {"lr", t.lr},
+                                   {"min_lr", t.min_lr},
+                                   {"warmup_steps", t.warmup_steps},
+                                   {"weight_decay", t.weight_decay},
+                                   {"adam_beta1", t.adam_beta1},
+                                   {"adam_beta2", t.adam_beta2},
+                                   {"adam_eps", t.adam_eps},
+                                   {"clip_grad", t.clip_grad},
+                                   {"precision", t.precision},
+                                   {"packing", job_.data.packing},
+                                   {"threads", at::get_num_threads()}};
+  checkpoint::write_text_file_durable(dir + "/job.json", settings.dump(2) + "\n");
+  const data::MicroBatching batching{t.micro_batch_size, job_.data.packing, padding_id(data_->tokenizer()), 0,
+                                     1};
+  const auto make = step_maker(*data_, batching, t.global_batch_size, job_.data.max_seq_len);
+  for (int64_t step = 0; step < steps; ++step) {
+    const StepData data = make(step);
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t m = 0; m < data.micro_batches.size(); ++m) {
+      const data::Batch& b = data.micro_batches[m];
+      const std::string key = std::to_string(m) + ".";
+      tensors.emplace_back(key + "input_ids", b.input_ids);
+      tensors.emplace_back(key + "labels", b.labels);
+      tensors.emplace_back(key + "attention_mask", b.attention_mask);
+      tensors.emplace_back(
+          key + "position_ids",
+          models::rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, model_config_, b.cu_seqlens)
+              .position_ids);
+      if (b.pixel_values.defined() && b.pixel_values.numel() > 0) {
+        tensors.emplace_back(key + "pixel_values", b.pixel_values);
+        tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);
+      }
+      if (b.packed()) tensors.emplace_back(key + "cu_seqlens", at::tensor(b.cu_seqlens, at::kLong));
+    }
+    checkpoint::save_safetensors(fmt::format("{}/steps/step-{:06d}.safetensors", dir, step + 1), tensors);
+  }
+  spdlog::info("exported the initial weights and {} steps of {} samples to {}", steps, t.global_batch_size,
+               dir);
 }
 
 BenchResult Trainer::bench(int64_t warmup, int64_t steps) {

@@ -70,6 +70,11 @@ class Trainer {
   // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
   // metrics or evaluation; nothing is written) and measures the last `steps`.
   BenchResult bench(int64_t warmup, int64_t steps);
+  // Writes what a peer implementation needs to train the same model on the same batches, in one
+  // process: the job's initial weights with their config (`dir`/model/), the training settings
+  // (`dir`/job.json) and each of the first `steps` steps' micro-batches with their M-RoPE position
+  // ids (`dir`/steps/step-NNNNNN.safetensors, tensors "<micro-batch>.<field>").
+  void export_steps(const std::string& dir, int64_t steps);
   // Exact-match accuracy of greedy answers on the held-out split (shared out over the ranks; every
   // rank gets the whole result).
   EvalResult evaluate();

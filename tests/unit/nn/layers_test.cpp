@@ -84,6 +84,36 @@ TEST(CausalAttention, GroupedHeadsMatchPerElementLoop) {
     EXPECT_TRUE(at::allclose(grad_of(out, w, x), grad_of(ref, w, x), 1e-9, 1e-9));
 }
 
+// Segments of kFlashMinLength tokens or more take the flash kernel (when fused attention is on);
+// its result and gradients must be the composite's.
+TEST(SegmentAttention, LongSegmentsTakeTheFlashKernelWithTheSameResult) {
+  at::manual_seed(4);
+  auto q = at::randn({300, 4, 16}).set_requires_grad(true),
+       k = at::randn({300, 2, 16}).set_requires_grad(true);
+  auto v = at::randn({300, 2, 16}).set_requires_grad(true), w = at::randn({300, 4, 16});
+  auto padded_q = at::randn({2, 130, 4, 16}).set_requires_grad(true);
+  auto padded_k = at::randn({2, 130, 2, 16}), padded_v = at::randn({2, 130, 2, 16}),
+       pw = at::randn({2, 130, 4, 16});
+  ASSERT_TRUE(fused_attention());
+  std::vector<at::Tensor> results;
+  for (bool fused : {true, false}) {
+    set_fused_attention(fused);
+    for (bool causal : {false, true}) {
+      auto out = segment_attention(q, k, v, {0, 140, 300}, causal);
+      results.push_back(out);
+      results.push_back(grad_of(out, w, q));
+      results.push_back(grad_of(out, w, k));
+    }
+    auto out = causal_attention(padded_q, padded_k, padded_v);
+    results.push_back(out);
+    results.push_back(grad_of(out, pw, padded_q));
+  }
+  set_fused_attention(true);
+  const size_t half = results.size() / 2;
+  for (size_t i = 0; i < half; ++i)
+    EXPECT_TRUE(results[i].allclose(results[half + i], 1e-5, 1e-5)) << "result " << i;
+}
+
 TEST(RMSNorm, OutputAndGradientMatchFormula) {
   parallel::ParamOptions options;
   options.dtype = at::kDouble;

@@ -1,0 +1,273 @@
+#include "loom/kernels/attention.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "loom/kernels/cpu/exp.h"
+#include "loom/kernels/cpu/gemm.h"
+#include "loom/util/errors.h"
+
+namespace loom::kernels {
+
+namespace {
+
+constexpr int64_t kRows = 64;  // queries per tile
+constexpr int64_t kCols = 64;  // keys per tile
+constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+
+struct Problem {
+  int64_t tokens = 0, heads = 0, kv_heads = 0, dim = 0;
+  float scale = 1;
+  bool causal = false;
+  std::vector<int64_t> cu;
+  int64_t group() const { return heads / kv_heads; }
+  int64_t q_stride() const { return heads * dim; }  // between consecutive tokens of one head
+  int64_t kv_stride() const { return kv_heads * dim; }
+};
+
+Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                   const std::vector<int64_t>& cu, const AttentionOptions& options) {
+  if (q.dim() != 3 || k.dim() != 3 || v.dim() != 3 || k.sizes() != v.sizes() || q.size(0) != k.size(0) ||
+      q.size(2) != k.size(2))
+    throw ModelError(
+        fmt::format("flash_attention: q (T, Hq, D) and k, v (T, Hkv, D) expected, got [{}], [{}], [{}]",
+                    fmt::join(q.sizes(), ", "), fmt::join(k.sizes(), ", "), fmt::join(v.sizes(), ", ")));
+  Problem p;
+  p.tokens = q.size(0);
+  p.heads = q.size(1);
+  p.kv_heads = k.size(1);
+  p.dim = q.size(2);
+  if (p.kv_heads < 1 || p.heads % p.kv_heads != 0)
+    throw ModelError(fmt::format("flash_attention: {} query heads are not a multiple of {} key/value heads",
+                                 p.heads, p.kv_heads));
+  if (cu.empty() || cu.front() != 0 || cu.back() != p.tokens)
+    throw ModelError(fmt::format("flash_attention: cu_seqlens must run from 0 to {} tokens", p.tokens));
+  for (size_t i = 1; i < cu.size(); ++i)
+    if (cu[i] < cu[i - 1])
+      throw ModelError(
+          fmt::format("flash_attention: cu_seqlens must not decrease, got {} then {}", cu[i - 1], cu[i]));
+  p.cu = cu;
+  p.causal = options.causal;
+  p.scale =
+      static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(p.dim)));
+  return p;
+}
+
+at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
+
+// Keys [col0, col0 + cols) that query `row` (both within one segment) may see.
+int64_t visible(const Problem& p, int64_t row, int64_t col0, int64_t cols) {
+  return p.causal ? std::clamp<int64_t>(row - col0 + 1, 0, cols) : cols;
+}
+
+struct QueryTile {
+  int64_t start, length, head, row0;  // segment [start, start + length), query rows row0.. of it
+};
+
+// out (T, Hq, D) and lse (Hq, T), both fp32.
+void forward_kernel(const Problem& p, const float* q, const float* k, const float* v, float* out,
+                    float* lse) {
+  std::vector<QueryTile> tiles;
+  for (size_t s = 0; s + 1 < p.cu.size(); ++s)
+    for (int64_t h = 0; h < p.heads; ++h)
+      for (int64_t row0 = 0; row0 < p.cu[s + 1] - p.cu[s]; row0 += kRows)
+        tiles.push_back({p.cu[s], p.cu[s + 1] - p.cu[s], h, row0});
+  const int64_t d = p.dim, ldq = p.q_stride(), ldk = p.kv_stride();
+  const cpu::SingleThreadedBlas single_threaded_blas;
+  at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> scores(kRows * kCols), acc(kRows * d), m(kRows), l(kRows);
+    for (int64_t t = begin; t < end; ++t) {
+      const QueryTile& w = tiles[static_cast<size_t>(t)];
+      const int64_t rows = std::min(kRows, w.length - w.row0), g = w.head / p.group();
+      const float* qt = q + ((w.start + w.row0) * p.heads + w.head) * d;
+      const float* kb = k + (w.start * p.kv_heads + g) * d;
+      const float* vb = v + (w.start * p.kv_heads + g) * d;
+      std::fill(acc.begin(), acc.begin() + rows * d, 0.0F);
+      std::fill(m.begin(), m.end(), kMinusInfinity);
+      std::fill(l.begin(), l.end(), 0.0F);
+      const int64_t key_end = p.causal ? std::min(w.length, w.row0 + rows) : w.length;
+      for (int64_t col0 = 0; col0 < key_end; col0 += kCols) {
+        const int64_t cols = std::min(kCols, key_end - col0);
+        cpu::gemm(false, true, rows, cols, d, p.scale, qt, ldq, kb + col0 * ldk, ldk, 0.0F, scores.data(),
+                  kCols);
+        for (int64_t r = 0; r < rows; ++r) {
+          float* row = scores.data() + r * kCols;
+          const int64_t seen = visible(p, w.row0 + r, col0, cols);
+          float top = m[r];
+          for (int64_t c = 0; c < seen; ++c) top = std::max(top, row[c]);
+          if (seen == 0 || top == kMinusInfinity) {
+            std::fill(row, row + cols, 0.0F);
+            continue;
+          }
+          for (int64_t c = 0; c < seen; ++c) row[c] -= top;
+          cpu::exp_in_place(row, seen);
+          float sum = 0;
+          for (int64_t c = 0; c < seen; ++c) sum += row[c];
+          std::fill(row + seen, row + cols, 0.0F);
+          const float rescale = std::exp(m[r] - top);  // 0 while nothing was seen
+          l[r] = l[r] * rescale + sum;
+          if (rescale != 1.0F)
+            for (float *a = acc.data() + r * d, *a_end = a + d; a < a_end; ++a) *a *= rescale;
+          m[r] = top;
+        }
+        cpu::gemm(false, false, rows, d, cols, 1.0F, scores.data(), kCols, vb + col0 * ldk, ldk, 1.0F,
+                  acc.data(), d);
+      }
+      for (int64_t r = 0; r < rows; ++r) {
+        const int64_t token = w.start + w.row0 + r;
+        const float inverse = l[r] > 0 ? 1.0F / l[r] : 0.0F;
+        float* o = out + (token * p.heads + w.head) * d;
+        for (int64_t i = 0; i < d; ++i) o[i] = acc[r * d + i] * inverse;
+        lse[w.head * p.tokens + token] = l[r] > 0 ? m[r] + std::log(l[r]) : kMinusInfinity;
+      }
+    }
+  });
+}
+
+// dq (zeros on entry), dk, dv: fp32 in q's and k's layouts.
+void backward_kernel(const Problem& p, const float* q, const float* k, const float* v, const float* out,
+                     const float* dout, const float* lse, float* dq, float* dk, float* dv) {
+  const int64_t d = p.dim, ldq = p.q_stride(), ldk = p.kv_stride();
+  const cpu::SingleThreadedBlas single_threaded_blas;
+  // delta = rowsum(dO * O), per token and query head.
+  std::vector<float> delta(static_cast<size_t>(p.tokens * p.heads));
+  at::parallel_for(0, p.tokens * p.heads, 256, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) {
+      float sum = 0;
+      for (int64_t j = 0; j < d; ++j) sum += dout[i * d + j] * out[i * d + j];
+      delta[static_cast<size_t>(i)] = sum;
+    }
+  });
+  // One task per segment and key/value head: it alone writes that head's dk, dv rows and the dq
+  // rows of its query heads, so tasks never share an output.
+  struct Task {
+    int64_t start, length, kv_head;
+  };
+  std::vector<Task> tasks;
+  for (size_t s = 0; s + 1 < p.cu.size(); ++s)
+    for (int64_t g = 0; g < p.kv_heads; ++g) tasks.push_back({p.cu[s], p.cu[s + 1] - p.cu[s], g});
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t begin, int64_t end) {
+    std::vector<float> probs(kRows * kCols), dprobs(kRows * kCols), dk_acc(kCols * d), dv_acc(kCols * d);
+    for (int64_t t = begin; t < end; ++t) {
+      const Task& w = tasks[static_cast<size_t>(t)];
+      for (int64_t col0 = 0; col0 < w.length; col0 += kCols) {
+        const int64_t cols = std::min(kCols, w.length - col0);
+        const float* kt = k + ((w.start + col0) * p.kv_heads + w.kv_head) * d;
+        const float* vt = v + ((w.start + col0) * p.kv_heads + w.kv_head) * d;
+        std::fill(dk_acc.begin(), dk_acc.begin() + cols * d, 0.0F);
+        std::fill(dv_acc.begin(), dv_acc.begin() + cols * d, 0.0F);
+        for (int64_t h = w.kv_head * p.group(); h < (w.kv_head + 1) * p.group(); ++h) {
+          for (int64_t row0 = p.causal ? col0 / kRows * kRows : 0; row0 < w.length; row0 += kRows) {
+            const int64_t rows = std::min(kRows, w.length - row0);
+            const int64_t first = (w.start + row0) * p.heads + h;  // (token, head) index of the tile's row 0
+            const float* qt = q + first * d;
+            const float* dot = dout + first * d;
+            cpu::gemm(false, true, rows, cols, d, p.scale, qt, ldq, kt, ldk, 0.0F, probs.data(), kCols);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* row = probs.data() + r * kCols;
+              const int64_t seen = visible(p, row0 + r, col0, cols);
+              const float log_sum = lse[h * p.tokens + w.start + row0 + r];
+              for (int64_t c = 0; c < seen; ++c) row[c] -= log_sum;
+              cpu::exp_in_place(row, seen);
+              std::fill(row + seen, row + cols, 0.0F);
+            }
+            // dV += P^T dO; dP = dO V^T; dS = P (dP - delta) scale; dK += dS^T Q; dQ += dS K.
+            cpu::gemm(true, false, cols, d, rows, 1.0F, probs.data(), kCols, dot, ldq, 1.0F, dv_acc.data(),
+                      d);
+            cpu::gemm(false, true, rows, cols, d, 1.0F, dot, ldq, vt, ldk, 0.0F, dprobs.data(), kCols);
+            for (int64_t r = 0; r < rows; ++r) {
+              const float row_delta = delta[static_cast<size_t>((w.start + row0 + r) * p.heads + h)];
+              float* ds = dprobs.data() + r * kCols;
+              const float* pr = probs.data() + r * kCols;
+              for (int64_t c = 0; c < cols; ++c) ds[c] = pr[c] * (ds[c] - row_delta) * p.scale;
+            }
+            cpu::gemm(true, false, cols, d, rows, 1.0F, dprobs.data(), kCols, qt, ldq, 1.0F, dk_acc.data(),
+                      d);
+            cpu::gemm(false, false, rows, d, cols, 1.0F, dprobs.data(), kCols, kt, ldk, 1.0F, dq + first * d,
+                      ldq);
+          }
+        }
+        for (int64_t c = 0; c < cols; ++c) {
+          const int64_t at_row = ((w.start + col0 + c) * p.kv_heads + w.kv_head) * d;
+          std::copy(dk_acc.begin() + c * d, dk_acc.begin() + (c + 1) * d, dk + at_row);
+          std::copy(dv_acc.begin() + c * d, dv_acc.begin() + (c + 1) * d, dv + at_row);
+        }
+      }
+    }
+  });
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, std::vector<int64_t> cu_seqlens, bool causal,
+                               double scale) {
+    const Problem p = problem_of(q, k, v, cu_seqlens, {causal, scale});
+    const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v);
+    at::Tensor out = at::empty({p.tokens, p.heads, p.dim}, at::kFloat);
+    at::Tensor lse = at::empty({p.heads, p.tokens}, at::kFloat);
+    forward_kernel(p, q32.data_ptr<float>(), k32.data_ptr<float>(), v32.data_ptr<float>(),
+                   out.data_ptr<float>(), lse.data_ptr<float>());
+    ctx->save_for_backward({q, k, v, out, lse});
+    ctx->saved_data["cu_seqlens"] = cu_seqlens;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->mark_non_differentiable({lse});
+    return {out.to(q.scalar_type()), lse};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    const Problem p = problem_of(q, k, v, ctx->saved_data["cu_seqlens"].toIntVector(),
+                                 {ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble()});
+    const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v), dout = fp32(grads[0]);
+    at::Tensor dq = at::zeros({p.tokens, p.heads, p.dim}, at::kFloat);
+    at::Tensor dk = at::empty({p.tokens, p.kv_heads, p.dim}, at::kFloat);
+    at::Tensor dv = at::empty({p.tokens, p.kv_heads, p.dim}, at::kFloat);
+    backward_kernel(p, q32.data_ptr<float>(), k32.data_ptr<float>(), v32.data_ptr<float>(),
+                    out.data_ptr<float>(), dout.data_ptr<float>(), lse.data_ptr<float>(),
+                    dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
+    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
+            at::Tensor(),           at::Tensor(),           at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                           const std::vector<int64_t>& cu_seqlens, AttentionOptions options,
+                           at::Tensor* lse) {
+  auto outputs = FlashAttentionFunction::apply(q, k, v, cu_seqlens, options.causal, options.scale);
+  if (lse) *lse = outputs[1];
+  return outputs[0];
+}
+
+at::Tensor composite_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                               const std::vector<int64_t>& cu_seqlens, AttentionOptions options) {
+  const Problem p = problem_of(q, k, v, cu_seqlens, options);
+  std::vector<at::Tensor> parts;
+  for (size_t s = 0; s + 1 < p.cu.size(); ++s) {
+    const int64_t start = p.cu[s], length = p.cu[s + 1] - p.cu[s];
+    if (length == 0) continue;
+    auto heads_first = [&](const at::Tensor& x) {
+      return x.narrow(0, start, length).transpose(0, 1).repeat_interleave(p.heads / x.size(1), 0);
+    };
+    auto scores = at::matmul(heads_first(q), heads_first(k).transpose(1, 2)) * p.scale;  // (H, L, L)
+    if (p.causal) scores = scores.masked_fill(at::ones({length, length}, at::kBool).triu(1), kMinusInfinity);
+    auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    parts.push_back(at::matmul(probs, heads_first(v)).transpose(0, 1));  // (L, H, D)
+  }
+  return parts.empty() ? at::zeros_like(q) : at::cat(parts, 0);
+}
+
+}  // namespace loom::kernels

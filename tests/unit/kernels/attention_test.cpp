@@ -1,0 +1,83 @@
+// Flash attention against the composite (whole score matrices, masked softmax) on segments whose
+// lengths are not multiples of the tile size, with and without the causal mask, GQA, an empty
+// segment, and bf16 inputs: outputs, the log-sum-exp and the gradients of q, k and v.
+#include "loom/kernels/attention.h"
+
+#include <gtest/gtest.h>
+
+#include "loom/util/errors.h"
+
+namespace loom::kernels {
+namespace {
+
+struct Inputs {
+  at::Tensor q, k, v, grad;
+};
+
+Inputs inputs(int64_t tokens, int64_t heads, int64_t kv_heads, int64_t dim, at::ScalarType dtype,
+              uint64_t seed) {
+  at::manual_seed(seed);
+  auto make = [&](int64_t h) { return at::randn({tokens, h, dim}).to(dtype).set_requires_grad(true); };
+  return {make(heads), make(kv_heads), make(kv_heads), at::randn({tokens, heads, dim}).to(dtype)};
+}
+
+void expect_close(const at::Tensor& got, const at::Tensor& want, double tolerance, const std::string& what) {
+  const double error = (got.to(at::kFloat) - want.to(at::kFloat)).abs().max().item<double>();
+  const double scale = std::max(1.0, want.to(at::kFloat).abs().max().item<double>());
+  EXPECT_LE(error, tolerance * scale) << what;
+}
+
+void compare(const std::vector<int64_t>& cu, int64_t heads, int64_t kv_heads, int64_t dim, bool causal,
+             at::ScalarType dtype, double tolerance) {
+  const std::string what = fmt::format("cu [{}], {}/{} heads, dim {}, causal {}, {}", fmt::join(cu, ","),
+                                       heads, kv_heads, dim, causal, c10::toString(dtype));
+  Inputs a = inputs(cu.back(), heads, kv_heads, dim, dtype, 7);
+  Inputs b = inputs(cu.back(), heads, kv_heads, dim, dtype, 7);
+  // The reference computes in fp32 from the same (possibly bf16-rounded) values.
+  auto widen = [](const at::Tensor& t) { return t.to(at::kFloat); };
+  at::Tensor fused = flash_attention(a.q, a.k, a.v, cu, {causal});
+  at::Tensor reference = composite_attention(widen(b.q), widen(b.k), widen(b.v), cu, {causal});
+  ASSERT_EQ(fused.scalar_type(), dtype);
+  expect_close(fused, reference, tolerance, what + ": output");
+  (fused.to(at::kFloat) * a.grad.to(at::kFloat)).sum().backward();
+  (reference * b.grad.to(at::kFloat)).sum().backward();
+  expect_close(a.q.grad(), b.q.grad(), tolerance * 10, what + ": dq");
+  expect_close(a.k.grad(), b.k.grad(), tolerance * 10, what + ": dk");
+  expect_close(a.v.grad(), b.v.grad(), tolerance * 10, what + ": dv");
+}
+
+TEST(FlashAttention, MatchesTheCompositeOnPackedSegments) {
+  const std::vector<int64_t> cu{0, 5, 70, 70, 200};  // lengths 5, 65, 0, 130: partial tiles, an empty one
+  for (bool causal : {false, true}) {
+    compare(cu, 4, 2, 16, causal, at::kFloat, 2e-6);  // GQA: two query heads per key/value head
+    compare(cu, 2, 2, 32, causal, at::kFloat, 2e-6);
+  }
+  compare({0, 129}, 3, 1, 8, true, at::kFloat, 2e-6);
+}
+
+TEST(FlashAttention, Bf16InputsComputeInFp32) {
+  for (bool causal : {false, true}) compare({0, 40, 100}, 4, 2, 16, causal, at::kBFloat16, 2e-2);
+}
+
+TEST(FlashAttention, ReturnsTheLogSumExpOfEachQuerysScores) {
+  Inputs x = inputs(90, 2, 1, 8, at::kFloat, 3);
+  at::Tensor lse;
+  flash_attention(x.q, x.k, x.v, {0, 90}, {/*causal=*/true}, &lse);
+  ASSERT_EQ(lse.sizes(), (std::vector<int64_t>{2, 90}));
+  at::NoGradGuard no_grad;
+  auto scores = at::matmul(x.q.transpose(0, 1), x.k.transpose(0, 1).transpose(1, 2).repeat_interleave(2, 0)) /
+                std::sqrt(8.0);
+  scores = scores.masked_fill(at::ones({90, 90}, at::kBool).triu(1), -INFINITY);
+  EXPECT_TRUE(lse.allclose(at::logsumexp(scores, -1), 1e-5, 1e-5));
+}
+
+TEST(FlashAttention, BadShapesAreModelErrors) {
+  Inputs x = inputs(10, 3, 2, 8, at::kFloat, 1);
+  EXPECT_THROW(flash_attention(x.q, x.k, x.v, {0, 10}), ModelError);  // 3 heads over 2 kv heads
+  Inputs y = inputs(10, 2, 1, 8, at::kFloat, 1);
+  EXPECT_THROW(flash_attention(y.q, y.k, y.v, {0, 9}), ModelError);  // does not cover the tokens
+  EXPECT_THROW(flash_attention(y.q, y.k, y.v, {0, 6, 4, 10}), ModelError);
+}
+
+}  // namespace
+}  // namespace loom::kernels
