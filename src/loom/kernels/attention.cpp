@@ -17,8 +17,12 @@ namespace loom::kernels {
 
 namespace {
 
-constexpr int64_t kRows = 64;  // queries per tile
-constexpr int64_t kCols = 64;  // keys per tile
+// Tile sizes: 64 queries against up to 512 keys per product in the forward pass (large products
+// run near BLAS's peak; a causal tile stops at its last query, so at most 63 keys are wasted), and
+// against 128 keys in the backward pass, where a causal diagonal tile is computed whole.
+constexpr int64_t kRows = 64;
+constexpr int64_t kForwardCols = 512;
+constexpr int64_t kCols = 128;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
 struct Problem {
@@ -81,7 +85,7 @@ void forward_kernel(const Problem& p, const float* q, const float* k, const floa
   const int64_t d = p.dim, ldq = p.q_stride(), ldk = p.kv_stride();
   const cpu::SingleThreadedBlas single_threaded_blas;
   at::parallel_for(0, static_cast<int64_t>(tiles.size()), 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(kRows * kCols), acc(kRows * d), m(kRows), l(kRows);
+    std::vector<float> scores(kRows * kForwardCols), acc(kRows * d), m(kRows), l(kRows);
     for (int64_t t = begin; t < end; ++t) {
       const QueryTile& w = tiles[static_cast<size_t>(t)];
       const int64_t rows = std::min(kRows, w.length - w.row0), g = w.head / p.group();
@@ -92,12 +96,12 @@ void forward_kernel(const Problem& p, const float* q, const float* k, const floa
       std::fill(m.begin(), m.end(), kMinusInfinity);
       std::fill(l.begin(), l.end(), 0.0F);
       const int64_t key_end = p.causal ? std::min(w.length, w.row0 + rows) : w.length;
-      for (int64_t col0 = 0; col0 < key_end; col0 += kCols) {
-        const int64_t cols = std::min(kCols, key_end - col0);
+      for (int64_t col0 = 0; col0 < key_end; col0 += kForwardCols) {
+        const int64_t cols = std::min(kForwardCols, key_end - col0);
         cpu::gemm(false, true, rows, cols, d, p.scale, qt, ldq, kb + col0 * ldk, ldk, 0.0F, scores.data(),
-                  kCols);
+                  kForwardCols);
         for (int64_t r = 0; r < rows; ++r) {
-          float* row = scores.data() + r * kCols;
+          float* row = scores.data() + r * kForwardCols;
           const int64_t seen = visible(p, w.row0 + r, col0, cols);
           float top = m[r];
           for (int64_t c = 0; c < seen; ++c) top = std::max(top, row[c]);
@@ -116,7 +120,7 @@ void forward_kernel(const Problem& p, const float* q, const float* k, const floa
             for (float *a = acc.data() + r * d, *a_end = a + d; a < a_end; ++a) *a *= rescale;
           m[r] = top;
         }
-        cpu::gemm(false, false, rows, d, cols, 1.0F, scores.data(), kCols, vb + col0 * ldk, ldk, 1.0F,
+        cpu::gemm(false, false, rows, d, cols, 1.0F, scores.data(), kForwardCols, vb + col0 * ldk, ldk, 1.0F,
                   acc.data(), d);
       }
       for (int64_t r = 0; r < rows; ++r) {
