@@ -65,19 +65,11 @@ grep -q "global batch 16 = 2 data-parallel ranks x 2 x 4 micro-batches" "$WORK/d
   { cat "$WORK/dp2.log"; fail "dp=2 layout not reported"; }
 grep -q "^\[rank 0\] eval: exact-match accuracy" "$WORK/dp4.log" || fail "dp=4: rank 0 printed no evaluation"
 ! grep -q "^\[rank [123]\] eval:" "$WORK/dp4.log" || fail "dp=4: only rank 0 reports the evaluation"
-python3 - "$WORK" <<'PY'
-import array, json, struct, sys
+python3 - "$WORK" "$(dirname "$0")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from runs import steps, tensors
 work = sys.argv[1]
-def steps(path):
-    return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    assert all(v["dtype"] == "F32" for v in header.values())
-    return {k: array.array("f", data[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]])
-            for k, v in header.items()}
 one = steps(f"{work}/one/metrics.jsonl")
 w1 = tensors(f"{work}/one/step-00000020/model.safetensors")
 assert sorted(one) == list(range(1, 21))

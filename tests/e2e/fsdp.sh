@@ -79,24 +79,11 @@ grep -q "^\[rank 0\] .*in the root unit and 1 block units model.layers.1 to mode
   "$WORK/frozen_fsdp_dp2.log" || { cat "$WORK/frozen_fsdp_dp2.log"; fail "frozen blocks are not units"; }
 one_run bf16_one --set training.precision=bf16
 two_ranks bf16_fsdp_dp2 --set training.precision=bf16 --set parallel.zero=3
-python3 - "$WORK" <<'PY'
-import array, json, struct, sys
+python3 - "$WORK" "$(dirname "$0")" <<'PY'
+import sys
+sys.path.insert(0, sys.argv[2])
+from runs import steps, tensors
 work = sys.argv[1]
-def steps(path):
-    return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
-def tensors(path):
-    data = open(path, "rb").read()
-    n = struct.unpack("<Q", data[:8])[0]
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for k, v in header.items():
-        raw = data[8 + n + v["data_offsets"][0]: 8 + n + v["data_offsets"][1]]
-        if v["dtype"] == "BF16":  # widen: bf16 is the top half of an fp32
-            out[k] = array.array("f", b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2)))
-        else:
-            out[k] = array.array("f", raw)
-    return out
 def compare(reference, name, loss_tol, weight_tol):
     one, other = steps(f"{work}/{reference}/metrics.jsonl"), steps(f"{work}/{name}/metrics.jsonl")
     assert sorted(other) == sorted(one) == list(range(1, 13)), (name, sorted(other))

@@ -11,15 +11,10 @@
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
+#include "one_process_group.h"
 
 namespace loom::parallel {
 namespace {
-
-std::shared_ptr<dist::Comm> one_process() {
-  dist::LaunchEnv env;
-  env.master_port = 0;
-  return dist::Comm::connect(env, std::chrono::seconds(30));
-}
 
 std::shared_ptr<models::Qwen2VLForConditionalGeneration> tiny_model() {
   const nlohmann::json hf = {
@@ -73,9 +68,9 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(
 
 TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
   auto plain = tiny_model(), sharded = tiny_model();
-  auto fsdp =
-      std::make_shared<FullyShardedModel>(one_process(), trainable(*sharded), sharded->blocks(),
-                                          std::vector<std::string>{"visual.blocks.{*}", "model.layers.{*}"});
+  auto fsdp = std::make_shared<FullyShardedModel>(
+      testing::one_process_group(), trainable(*sharded), sharded->blocks(),
+      std::vector<std::string>{"visual.blocks.{*}", "model.layers.{*}"});
   sharded->set_block_runner(fsdp);
   EXPECT_EQ(fsdp->unit_names(), (std::vector<std::string>{"root", "visual.blocks.0", "visual.blocks.1",
                                                           "model.layers.0", "model.layers.1"}));
@@ -118,7 +113,8 @@ TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
 
 TEST(Fsdp, NewWeightsAreResharded) {
   auto model = tiny_model();
-  FullyShardedModel fsdp(one_process(), trainable(*model), model->blocks(), {"model.layers.{*}"});
+  FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->blocks(),
+                         {"model.layers.{*}"});
   EXPECT_EQ(fsdp.unit_names(), (std::vector<std::string>{"root", "model.layers.0", "model.layers.1"}));
   fsdp.gather_all();
   {
@@ -134,7 +130,7 @@ TEST(Fsdp, NewWeightsAreResharded) {
 TEST(Fsdp, APlanPatternThatNamesNoBlockIsAConfigError) {
   auto model = tiny_model();
   try {
-    FullyShardedModel fsdp(one_process(), trainable(*model), model->blocks(),
+    FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->blocks(),
                            {"model.layers.{*}", "lm_head"});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {

@@ -9,15 +9,10 @@
 
 #include "loom/train/schedule.h"
 #include "loom/util/errors.h"
+#include "one_process_group.h"
 
 namespace loom::train {
 namespace {
-
-std::shared_ptr<dist::Comm> one_process() {
-  dist::LaunchEnv env;
-  env.master_port = 0;
-  return dist::Comm::connect(env, std::chrono::seconds(30));
-}
 
 struct Params {
   at::Tensor w, b, h;  // fp32 matrix (decays), fp32 bias (does not), bf16 matrix
@@ -41,7 +36,7 @@ TEST(ShardedAdamW, OneRankMatchesAdamWWithClippingDecayAndBf16) {
   const AdamWOptions options{0.9, 0.95, 1e-8, 0.1};
   Params a = make_params(), z = make_params();
   AdamW reference(a.named(), options);
-  ShardedAdamW sharded(one_process(), z.named(), options);
+  ShardedAdamW sharded(testing::one_process_group(), z.named(), options);
   for (int step = 0; step < 3; ++step) {
     backward(a, step);
     backward(z, step);
@@ -81,7 +76,7 @@ TEST(ShardedAdamW, LoadsAnAdamWStateAndContinuesLikeIt) {
 
   Params z{a.w.detach().clone().set_requires_grad(true), a.b.detach().clone().set_requires_grad(true),
            a.h.detach().clone().set_requires_grad(true)};
-  ShardedAdamW sharded(one_process(), z.named(), options);
+  ShardedAdamW sharded(testing::one_process_group(), z.named(), options);
   sharded.load_state_dict(saved);
   EXPECT_EQ(sharded.step_count(), 1);
   backward(a, 1);

@@ -1,0 +1,26 @@
+"""What the e2e tests read back from a run: its metrics and its checkpoints' tensors (stdlib only)."""
+import array
+import json
+import struct
+
+
+def steps(path):
+    """The training lines of a metrics.jsonl, by step."""
+    return {r["step"]: r for r in map(json.loads, open(path)) if "loss" in r}
+
+
+def tensors(path):
+    """A safetensors file's F32 and BF16 tensors as flat float arrays (bf16 widened)."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    out = {}
+    for name, entry in header.items():
+        raw = data[8 + n + entry["data_offsets"][0]: 8 + n + entry["data_offsets"][1]]
+        if entry["dtype"] == "BF16":  # bf16 is the top half of an fp32
+            raw = b"".join(b"\0\0" + raw[i:i + 2] for i in range(0, len(raw), 2))
+        elif entry["dtype"] != "F32":
+            raise ValueError(f"{path}: {name} is {entry['dtype']}, not F32 or BF16")
+        out[name] = array.array("f", raw)
+    return out
