@@ -8,6 +8,7 @@
 #include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -329,6 +330,10 @@ nlohmann::json bench_json(const train::BenchResult& r) {
 }
 
 int main(int argc, char** argv) {
+  // A write to a socket whose peer died (a lost rank's store or Gloo connection) must be an error
+  // Loom reports with the lost rank's name, not a SIGPIPE that ends this rank without a word: rank
+  // 0, which serves the store, died so once while answering a killed rank.
+  std::signal(SIGPIPE, SIG_IGN);
   ensure_startup_environment(argv);
   keep_freed_memory();
   CLI::App app{"Loom: trains multimodal models from one binary"};

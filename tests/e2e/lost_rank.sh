@@ -33,7 +33,7 @@ for layout in "parallel.zero=0" "parallel.zero=3"; do
     set -e
     [ "$code" -ne 0 ] || fail "rank $rank exited 0 after losing rank 1"
     grep -q "loom: error: rank $rank: .* failed (.*); lost rank 1 (heartbeat stopped)" "$WORK/rank$rank.log" ||
-      { cat "$WORK/rank$rank.log"; fail "rank $rank did not name the lost rank 1"; }
+      { cat "$WORK/rank$rank.log"; fail "rank $rank did not name the lost rank 1 (it exited with code $code)"; }
   done
   grep -h "loom: error" "$WORK/rank0.log" "$WORK/rank2.log"
 done

@@ -101,6 +101,7 @@ int exit_code(int status) { return WIFSIGNALED(status) ? 128 + WTERMSIG(status) 
   std::vector<char*> argv;
   for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
   argv.push_back(nullptr);
+  std::signal(SIGPIPE, SIG_DFL);  // the rank's command starts with the usual disposition, not loom's
   execvp(argv[0], argv.data());
   // `loom run -- loom train ...` with loom not on PATH: this very binary.
   if (errno == ENOENT && std::filesystem::path(command[0]).filename() == "loom")
