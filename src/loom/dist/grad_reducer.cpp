@@ -115,8 +115,8 @@ double GradReducer::finish() {
   }
   // A parameter no rank gave a gradient to (a vision tower no rank's samples used) has none, as in
   // one process, so the optimizer leaves it alone instead of stepping on a zero gradient.
-  at::Tensor counts = at::empty({static_cast<int64_t>(params_.size())}, at::kFloat);
-  for (size_t k = 0; k < params_.size(); ++k) counts[static_cast<int64_t>(k)] = has_grad_[k] ? 1.0F : 0.0F;
+  std::vector<float> flags(has_grad_.begin(), has_grad_.end());
+  at::Tensor counts = at::tensor(flags, at::kFloat);
   comm_->start_all_reduce_sum(counts)->wait();
   const float* summed = counts.data_ptr<float>();
   for (size_t k = 0; k < params_.size(); ++k)

@@ -74,12 +74,13 @@ double ShardedAdamW::reduce_gradients(double max_norm) {
 double ShardedAdamW::clip_gradients(double max_norm) {
   at::NoGradGuard no_grad;
   // One message: the squared norm of this rank's slices, then which parameters got a gradient here.
-  std::vector<double> local{0.0};
+  at::Tensor square = at::zeros({1}, at::kDouble);
+  std::vector<double> flags;
   for (const Slot& s : slots_) {
-    local[0] += s.shard->grad.to(at::kDouble).pow(2).sum().item<double>();
-    for (bool has : s.shard->has_grad) local.push_back(has ? 1.0 : 0.0);
+    square += s.shard->grad.to(at::kDouble).pow(2).sum();
+    flags.insert(flags.end(), s.shard->has_grad.begin(), s.shard->has_grad.end());
   }
-  at::Tensor totals = at::tensor(local, at::kDouble);
+  at::Tensor totals = at::cat({square, at::tensor(flags, at::kDouble)});
   comm_->all_reduce_sum({totals});
   const double* summed = totals.data_ptr<double>();
   const double norm = std::sqrt(summed[0]);
