@@ -187,7 +187,7 @@ std::vector<DatasetFile> read_dataset_files(const YamlValue* list, const std::st
 DataSection read_data(const YamlValue* section, const std::string& source) {
   const SectionReader r(section, "data",
                         {"dataset", "tokenizer", "datasets", "eval_datasets", "train_on_prompt", "min_pixels",
-                         "max_pixels", "dir", "image_size", "hflip", "eval_samples", "max_seq_len",
+                         "max_pixels", "dir", "image_size", "hflip", "shift", "eval_samples", "max_seq_len",
                          "overlong", "packing", "num_workers", "prefetch"},
                         source);
   DataSection d;
@@ -231,6 +231,16 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
             ? std::string(
                   "shapes_vqa asks which side a shape is on: a mirrored image would contradict its answers")
             : fmt::format("is only available for dataset fashion_mnist, not {}", d.dataset));
+  r.read("shift", d.shift);
+  r.at_least("shift", d.shift, int64_t{0});
+  if (d.shift > 0 && d.dataset != "fashion_mnist")
+    r.fail("shift", d.dataset == "shapes_vqa"
+                        ? std::string("shapes_vqa asks which quadrant a shape is in: a moved image could "
+                                      "carry a shape across the boundary and contradict its answers")
+                        : fmt::format("is only available for dataset fashion_mnist, not {}", d.dataset));
+  if (d.shift * 2 >= d.image_size)
+    r.fail("shift",
+           fmt::format("must be less than half of data.image_size ({}), got {}", d.image_size, d.shift));
   r.read("eval_samples", d.eval_samples);
   r.at_least("eval_samples", d.eval_samples, int64_t{1});
   r.read("max_seq_len", d.max_seq_len);
@@ -420,7 +430,7 @@ bool operator==(const DataSection& a, const DataSection& b) {
          a.min_pixels == b.min_pixels && a.max_pixels == b.max_pixels && a.dir == b.dir &&
          a.image_size == b.image_size && a.eval_samples == b.eval_samples && a.max_seq_len == b.max_seq_len &&
          a.overlong == b.overlong && a.packing == b.packing && a.num_workers == b.num_workers &&
-         a.prefetch == b.prefetch && a.hflip == b.hflip;
+         a.prefetch == b.prefetch && a.hflip == b.hflip && a.shift == b.shift;
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&

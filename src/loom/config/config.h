@@ -39,6 +39,7 @@ struct DataSection {
   std::string dir;          // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;  // positive multiple of 28
   bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
+  int64_t shift = 0;        // fashion_mnist: move each training image by up to this many pixels
   // every dataset:
   int64_t eval_samples = 1000;    // > 0
   int64_t max_seq_len = 1024;     // > 0

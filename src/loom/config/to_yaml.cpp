@@ -107,6 +107,7 @@ std::string to_yaml(const JobConfig& c) {
     line("dir", yaml_string(c.data.dir));
     line("image_size", integer(c.data.image_size));
     line("hflip", boolean(c.data.hflip));
+    line("shift", integer(c.data.shift));
   }
   line("eval_samples", integer(c.data.eval_samples));
   line("max_seq_len", integer(c.data.max_seq_len));

@@ -50,11 +50,11 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwe
   image_options_.max_pixels = data.image_size * data.image_size;
 }
 
-// The streams of counter_start that key each epoch's order of a finite training split, and
-// which training samples data.hflip mirrors.
-constexpr uint64_t kEpochOrderStream = 2, kFlipStream = 3;
+// The streams of counter_start that key each epoch's order of a finite training split, which
+// training samples data.hflip mirrors, and how far data.shift moves each.
+constexpr uint64_t kEpochOrderStream = 2, kFlipStream = 3, kShiftStream = 4;
 
-data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
+data::VqaSample VqaData::sample(data::Split split, int64_t index) const {
   int64_t at = index;
   if (split == data::Split::train && train_size_ > 0) {
     const uint64_t epoch = static_cast<uint64_t>(index / train_size_);
@@ -67,10 +67,22 @@ data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool w
   if (split == data::Split::train && section_.hflip &&
       (counter_start(seed_, kFlipStream, static_cast<uint64_t>(index)) & 1) != 0)
     sample.image.flip_horizontal();
-  auto ex = data::build_vqa_example(tokenizer_, sample, image_options_, with_answer);
+  if (split == data::Split::train && section_.shift > 0) {
+    // Each offset is uniform in [-shift, shift], from its own 32 bits of the sample's key.
+    const uint64_t bits = counter_start(seed_, kShiftStream, static_cast<uint64_t>(index));
+    const uint64_t span = static_cast<uint64_t>(2 * section_.shift + 1);
+    const int dx = static_cast<int>((bits & 0xffffffffu) % span) - static_cast<int>(section_.shift);
+    const int dy = static_cast<int>((bits >> 32) % span) - static_cast<int>(section_.shift);
+    sample.image.translate(dx, dy);
+  }
+  return sample;
+}
+
+data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
+  auto ex = data::build_vqa_example(tokenizer_, sample(split, index), image_options_, with_answer);
   // Held-out samples are never cut or dropped: the evaluation set stays what it says it is.
   if (split == data::Split::eval && static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len) {
-    throw DataError(fmt::format("held-out sample {} has {} tokens, more than data.max_seq_len {}", at,
+    throw DataError(fmt::format("held-out sample {} has {} tokens, more than data.max_seq_len {}", index,
                                 ex.input_ids.size(), section_.max_seq_len));
   }
   return ex;

@@ -29,6 +29,10 @@ class VqaData : public JobData {
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
 
+  // The raw sample at `index`: for training, the index-th of the run (epochs walk the split in
+  // seeded orders) with data.hflip and data.shift applied; held-out samples as they are.
+  data::VqaSample sample(data::Split split, int64_t index) const;
+
  private:
   data::TokenizedExample example(data::Split split, int64_t index, bool with_answer) const;
 

@@ -282,6 +282,13 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
       parse_error(kMinimal + "data: {hflip: true}\n"),
       "job.yaml: data.hflip: shapes_vqa asks which side a shape is on: a mirrored image would contradict "
       "its answers");
+  EXPECT_EQ(parse_error(kMinimal + "data: {shift: 2}\n"),
+            "job.yaml: data.shift: shapes_vqa asks which quadrant a shape is in: a moved image could carry "
+            "a shape across the boundary and contradict its answers");
+  EXPECT_EQ(parse_error(kMinimal + "data: {dataset: fashion_mnist, image_size: 28, shift: 14}\n"),
+            "job.yaml: data.shift: must be less than half of data.image_size (28), got 14");
+  EXPECT_EQ(parse_error(kMinimal + "data: {dataset: fashion_mnist, shift: -1}\n"),
+            "job.yaml: data.shift: must be >= 0, got -1");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {zero: 2}\n"),
             "job.yaml: parallel.zero: 2 is not one of 0, 1, 3");
   EXPECT_EQ(parse_error(kMinimal + "parallel: {fsdp_plan: ['model.layers.{*}']}\n"),
@@ -366,11 +373,11 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(
-      parse_error(kMinimal + "data: 5\n"),
-      "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-      "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, eval_samples, max_seq_len, overlong, "
-      "packing, num_workers, prefetch), got '5'");
+  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
+            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, eval_samples, "
+            "max_seq_len, overlong, "
+            "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "

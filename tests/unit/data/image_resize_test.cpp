@@ -46,6 +46,33 @@ TEST(Image, FlipHorizontalMirrorsEachRow) {
   EXPECT_EQ(wide.rgb, (std::vector<uint8_t>{10, 11, 12, 7, 8, 9, 4, 5, 6, 1, 2, 3}));
 }
 
+// Worked by hand on a 3 x 3 image whose pixels are numbered 1..9 (all channels alike): the content
+// moves, and the uncovered rows and columns repeat the nearest edge.
+TEST(Image, TranslateMovesTheContentAndRepeatsTheEdge) {
+  auto numbered = [] {
+    Image image{3, 3, {}};
+    for (uint8_t v = 1; v <= 9; ++v) image.rgb.insert(image.rgb.end(), {v, v, v});
+    return image;
+  };
+  auto grey = [](std::vector<uint8_t> values) {
+    std::vector<uint8_t> rgb;
+    for (uint8_t v : values) rgb.insert(rgb.end(), {v, v, v});
+    return rgb;
+  };
+  Image right_down = numbered();
+  right_down.translate(1, 1);
+  EXPECT_EQ(right_down.rgb, grey({1, 1, 2, 1, 1, 2, 4, 4, 5}));
+  Image left = numbered();
+  left.translate(-2, 0);
+  EXPECT_EQ(left.rgb, grey({3, 3, 3, 6, 6, 6, 9, 9, 9}));
+  Image up = numbered();
+  up.translate(0, -1);
+  EXPECT_EQ(up.rgb, grey({4, 5, 6, 7, 8, 9, 7, 8, 9}));
+  Image still = numbered();
+  still.translate(0, 0);
+  EXPECT_EQ(still.rgb, numbered().rgb);
+}
+
 TEST(ImageResize, EqualSizeIsACopy) {
   const Image image = decode_image_file(fixture("src_noise.png"));
   const Image same = resize_bicubic(image, image.height, image.width);

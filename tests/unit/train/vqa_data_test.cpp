@@ -75,6 +75,35 @@ TEST(VqaData, HflipMirrorsHalfTheTrainingImagesAndNoHeldOutOne) {
   EXPECT_TRUE(plain.eval_prompts(0, 20).pixel_values.equal(flipped.eval_prompts(0, 20).pixel_values));
 }
 
+// data.shift moves each training image by an offset in [-shift, shift]^2 that the seed and the
+// run position decide; every offset occurs, the answer is kept, and held-out images never move.
+TEST(VqaData, ShiftMovesTrainingImagesByBoundedOffsets) {
+  auto shifting = fashion();
+  shifting.shift = 2;
+  const VqaData plain(fashion(), 3), shifted(shifting, 3), again(shifting, 3);
+  std::map<std::pair<int, int>, int> offsets;
+  for (int64_t i = 0; i < 300; ++i) {
+    const data::VqaSample a = plain.sample(data::Split::train, i), b = shifted.sample(data::Split::train, i);
+    EXPECT_EQ(a.answer, b.answer);
+    EXPECT_EQ(b.image.rgb, again.sample(data::Split::train, i).image.rgb);
+    // The offset that reproduces the moved image from the plain one (the first, when a blank
+    // margin makes several fit).
+    std::pair<int, int> found{99, 99};
+    for (int dy = -2; dy <= 2 && found.first == 99; ++dy)
+      for (int dx = -2; dx <= 2 && found.first == 99; ++dx) {
+        data::Image moved = a.image;
+        moved.translate(dx, dy);
+        if (moved.rgb == b.image.rgb) found = {dx, dy};
+      }
+    ASSERT_NE(found.first, 99) << "training sample " << i << " is not a moved copy of the plain image";
+    ++offsets[found];
+  }
+  EXPECT_EQ(offsets.size(), 25u);
+  for (int64_t i = 0; i < 20; ++i)
+    EXPECT_EQ(plain.sample(data::Split::eval, i).image.rgb, shifted.sample(data::Split::eval, i).image.rgb);
+  EXPECT_TRUE(plain.eval_prompts(0, 20).pixel_values.equal(shifted.eval_prompts(0, 20).pixel_values));
+}
+
 TEST(VqaData, LimitsAreErrorsNamingTheKey) {
   try {
     VqaData(fashion(10001), 1);

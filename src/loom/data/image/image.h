@@ -30,6 +30,18 @@ struct Image {
       for (int x = 0, mirror = width - 1; x < mirror; ++x, --mirror)
         std::swap_ranges(pixel(y, x), pixel(y, x) + 3, pixel(y, mirror));
   }
+  // Moves the content dx pixels right and dy pixels down (negative: left, up) in place; the
+  // uncovered border repeats the nearest edge pixel, so a uniform background stays uniform.
+  void translate(int dx, int dy) {
+    const Image source = *this;
+    for (int y = 0; y < height; ++y) {
+      const int sy = std::clamp(y - dy, 0, height - 1);
+      for (int x = 0; x < width; ++x) {
+        const int sx = std::clamp(x - dx, 0, width - 1);
+        std::copy(source.pixel(sy, sx), source.pixel(sy, sx) + 3, pixel(y, x));
+      }
+    }
+  }
 };
 
 }  // namespace loom::data
