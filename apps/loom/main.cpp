@@ -138,9 +138,28 @@ data::Qwen2VLImageOptions image_options_for(const std::string& model_dir,
   return options;
 }
 
-int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir) {
+// Under loom run (or another launcher) the ranks split the model by tensor parallelism, tp = the
+// number of ranks, and rank 0 writes the outputs, gathered whole.
+int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
+                bool sequence_parallel) {
   auto config = models::model_config_from_dir(model_dir);
-  auto model = models::build_model(config, {});
+  const dist::LaunchEnv launch = dist::launch_env_from_process();
+  parallel::ParamOptions model_options;
+  if (launch.world_size > 1) {
+    for (const auto& [what, count] :
+         {std::pair<const char*, int64_t>{"attention heads", config.text.num_heads},
+          {"kv heads", config.text.num_kv_heads},
+          {"vision attention heads", config.vision.num_heads},
+          {"vocabulary rows", config.text.vocab_size}})
+      if (count % launch.world_size != 0)
+        throw ConfigError(
+            fmt::format("forward: {} ranks (tensor parallelism) do not divide the model's {} {}",
+                        launch.world_size, count, what));
+    model_options.tp = {dist::Comm::connect(launch, std::chrono::seconds(300)), sequence_parallel};
+  } else if (sequence_parallel) {
+    throw ConfigError("forward: --sequence-parallel needs several ranks (loom run -n N -- loom forward ...)");
+  }
+  auto model = models::build_model(config, model_options);
   models::load_parameters(*model, model_dir);
   std::ifstream in(input_path);
   if (!in) throw DataError(fmt::format("{}: cannot open the input file", input_path));
@@ -178,7 +197,8 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
     inputs.image_grid_thw = at::tensor(grids, at::kLong).view({-1, 3});
     image_embeds = model->image_embeddings(inputs.pixel_values, inputs.image_grid_thw);
   }
-  auto logits = model->forward(inputs);
+  auto logits = model->whole_logits(model->hidden_states(inputs));
+  if (launch.rank != 0) return 0;
   fs::create_directories(out_dir);
   write_f32(fs::path(out_dir) / "logits.bin", logits);
   write_f32(fs::path(out_dir) / "image_embeds.bin", image_embeds);
@@ -344,7 +364,7 @@ int main(int argc, char** argv) {
   std::string config_path, checkpoint_dir, predictions_path, model_dir, input_path, out_dir, shapes_model;
   std::string tokenizer_path;
   std::vector<std::string> overrides;
-  bool list_names = false, chat = false, add_generation_prompt = false;
+  bool list_names = false, chat = false, add_generation_prompt = false, sequence_parallel = false;
 
   auto* train = app.add_subcommand("train", "Train a model from a job config (YAML)");
   train->add_option("config", config_path, "Job config file")->required();
@@ -384,6 +404,8 @@ int main(int argc, char** argv) {
       ->required();
   forward->add_option("--out", out_dir, "Output directory for logits.bin, image_embeds.bin, shapes.json")
       ->required();
+  forward->add_flag("--sequence-parallel", sequence_parallel,
+                    "Under loom run -n N (the ranks split the model, tp = N): split the sequence too");
 
   auto* shapes =
       app.add_subcommand("shapes", "List a model's parameter names, shapes and count without allocating");
@@ -462,7 +484,7 @@ int main(int argc, char** argv) {
       }
       return 0;
     }
-    if (*forward) return run_forward(model_dir, input_path, out_dir);
+    if (*forward) return run_forward(model_dir, input_path, out_dir, sequence_parallel);
     if (*shapes) return run_shapes(shapes_model, list_names);
     if (*tokenize) return run_tokenize(tokenizer_path, chat, add_generation_prompt);
   } catch (const std::exception& e) {

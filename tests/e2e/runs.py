@@ -24,3 +24,17 @@ def tensors(path):
             raise ValueError(f"{path}: {name} is {entry['dtype']}, not F32 or BF16")
         out[name] = array.array("f", raw)
     return out
+
+
+def shapes(path):
+    """A safetensors file's tensor names with their dtype and shape."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {name: (entry["dtype"], entry["shape"]) for name, entry in header.items()}
+
+
+def floats(path):
+    """A raw little-endian float32 file (loom forward's outputs)."""
+    return array.array("f", open(path, "rb").read())

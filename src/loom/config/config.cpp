@@ -257,8 +257,8 @@ DataSection read_data(const YamlValue* section, const std::string& source) {
 
 ParallelSection read_parallel(const YamlValue* section, const std::string& source) {
   const SectionReader r(section, "parallel",
-                        {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "zero", "timeout_s", "bucket_mb",
-                         "overlap_grad_reduce", "fsdp_plan"},
+                        {"tp", "pp", "cp", "ep", "dp", "sequence_parallel", "vision_tp", "zero", "timeout_s",
+                         "bucket_mb", "overlap_grad_reduce", "fsdp_plan"},
                         source);
   ParallelSection p;
   for (auto [key, field] :
@@ -277,6 +277,11 @@ ParallelSection read_parallel(const YamlValue* section, const std::string& sourc
     }
   }
   r.read("sequence_parallel", p.sequence_parallel);
+  r.read("vision_tp", p.vision_tp);
+  if (p.vision_tp != 0 && p.vision_tp != 1 && p.vision_tp != p.tp)
+    r.fail("vision_tp", fmt::format("must be 1 (the vision tower whole on every tensor-parallel rank) or tp "
+                                    "({}), or 0 for the same as tp; got {}",
+                                    p.tp, p.vision_tp));
   r.read("zero", p.zero);
   if (p.zero != 0 && p.zero != 1 && p.zero != 3)
     r.fail("zero", fmt::format("{} is not one of 0, 1, 3", p.zero));
@@ -370,13 +375,16 @@ TrainingSection read_training(const YamlValue* section, const std::string& sourc
 }
 
 ToolsSection read_tools(const YamlValue* section, const std::string& source) {
-  const SectionReader r(section, "tools", {"log_every", "log_level", "progress_bar"}, source);
+  const SectionReader r(section, "tools", {"log_every", "log_level", "progress_bar", "dump_gradients"},
+                        source);
   ToolsSection t;
   r.read("log_every", t.log_every);
   r.at_least("log_every", t.log_every, int64_t{1});
   r.read("log_level", t.log_level);
   r.one_of("log_level", t.log_level, {"trace", "debug", "info", "warn", "error"});
   r.read("progress_bar", t.progress_bar);
+  r.read("dump_gradients", t.dump_gradients);
+  r.at_least("dump_gradients", t.dump_gradients, int64_t{0});
   return t;
 }
 
@@ -434,9 +442,9 @@ bool operator==(const DataSection& a, const DataSection& b) {
 }
 bool operator==(const ParallelSection& a, const ParallelSection& b) {
   return a.tp == b.tp && a.pp == b.pp && a.cp == b.cp && a.ep == b.ep && a.dp == b.dp &&
-         a.sequence_parallel == b.sequence_parallel && a.zero == b.zero && a.timeout_s == b.timeout_s &&
-         a.bucket_mb == b.bucket_mb && a.overlap_grad_reduce == b.overlap_grad_reduce &&
-         a.fsdp_plan == b.fsdp_plan;
+         a.sequence_parallel == b.sequence_parallel && a.vision_tp == b.vision_tp && a.zero == b.zero &&
+         a.timeout_s == b.timeout_s && a.bucket_mb == b.bucket_mb &&
+         a.overlap_grad_reduce == b.overlap_grad_reduce && a.fsdp_plan == b.fsdp_plan;
 }
 bool operator==(const FeaturesSection& a, const FeaturesSection& b) {
   return a.recompute == b.recompute && a.fused_kernels == b.fused_kernels;
@@ -452,7 +460,8 @@ bool operator==(const TrainingSection& a, const TrainingSection& b) {
          a.peak_tflops == b.peak_tflops && a.exit_interval == b.exit_interval;
 }
 bool operator==(const ToolsSection& a, const ToolsSection& b) {
-  return a.log_every == b.log_every && a.log_level == b.log_level && a.progress_bar == b.progress_bar;
+  return a.log_every == b.log_every && a.log_level == b.log_level && a.progress_bar == b.progress_bar &&
+         a.dump_gradients == b.dump_gradients;
 }
 bool operator==(const JobConfig& a, const JobConfig& b) {
   return a.model == b.model && a.data == b.data && a.parallel == b.parallel && a.features == b.features &&

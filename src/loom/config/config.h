@@ -53,6 +53,7 @@ struct ParallelSection {
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
   int64_t dp = 0;  // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
   bool sequence_parallel = false;
+  int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
   int64_t zero = 0;         // 0, 1 or 3
   int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
   int64_t bucket_mb = 25;   // gradients are summed over the ranks in flat buckets of this size; >= 1
@@ -91,6 +92,9 @@ struct ToolsSection {
   int64_t log_every = 10;          // >= 1
   std::string log_level = "info";  // trace | debug | info | warn | error
   bool progress_bar = true;
+  // > 0: after this step's backward, rank 0 writes every trainable parameter's gradient, summed
+  // over the ranks and whole (before clipping), to <output_dir>/gradients/step-NNNNNNNN.safetensors.
+  int64_t dump_gradients = 0;
 };
 
 struct JobConfig {

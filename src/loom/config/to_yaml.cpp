@@ -123,6 +123,7 @@ std::string to_yaml(const JobConfig& c) {
   line("ep", integer(c.parallel.ep));
   line("dp", c.parallel.dp == 0 ? "auto" : integer(c.parallel.dp));
   line("sequence_parallel", boolean(c.parallel.sequence_parallel));
+  line("vision_tp", integer(c.parallel.vision_tp));
   line("zero", integer(c.parallel.zero));
   line("timeout_s", integer(c.parallel.timeout_s));
   line("bucket_mb", integer(c.parallel.bucket_mb));
@@ -163,6 +164,7 @@ std::string to_yaml(const JobConfig& c) {
   line("log_every", integer(c.tools.log_every));
   line("log_level", yaml_string(c.tools.log_level));
   line("progress_bar", boolean(c.tools.progress_bar));
+  line("dump_gradients", integer(c.tools.dump_gradients));
   return out;
 }
 

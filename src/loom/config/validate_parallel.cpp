@@ -38,17 +38,22 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
         dims.llm_heads, dims.llm_kv_heads, dims.vision_heads, dims.vocab_size, dims.llm_layers));
 
   // Every tensor-parallel rank holds whole attention heads (kv heads may be replicated) and an equal
-  // share of the vocabulary.
-  auto tp_fits = [&dims](int64_t tp) {
-    return dims.llm_heads % tp == 0 && dims.vision_heads % tp == 0 &&
+  // share of the vocabulary (Loom does not pad the vocabulary, so tp must divide it). The vision
+  // tower splits over vision_tp: tp, or 1 (whole on every rank).
+  const int64_t vision_tp = p.vision_tp == 0 ? p.tp : p.vision_tp;
+  auto tp_fits = [&dims, &p](int64_t tp) {
+    const int64_t vision = p.vision_tp == 1 ? 1 : tp;
+    return dims.llm_heads % tp == 0 && dims.vision_heads % vision == 0 &&
            (dims.llm_kv_heads % tp == 0 || tp % dims.llm_kv_heads == 0) && dims.vocab_size % tp == 0;
   };
   std::vector<int64_t> valid_tp;
   for (int64_t tp = 1; tp <= std::max(dims.llm_heads, dims.vision_heads); ++tp)
     if (tp_fits(tp)) valid_tp.push_back(tp);
-  if (dims.llm_heads % p.tp != 0 || dims.vision_heads % p.tp != 0)
-    fail(fmt::format("parallel.tp={} does not divide model heads (llm {}, vision {}); valid tp: {}", p.tp,
-                     dims.llm_heads, dims.vision_heads, join_numbers(valid_tp)));
+  if (dims.llm_heads % p.tp != 0 || dims.vision_heads % vision_tp != 0)
+    fail(fmt::format("parallel.tp={} does not divide model heads (llm {}, vision {}{}); valid tp: {}", p.tp,
+                     dims.llm_heads, dims.vision_heads,
+                     vision_tp != p.tp ? fmt::format(" over vision_tp {}", vision_tp) : "",
+                     join_numbers(valid_tp)));
   if (dims.llm_kv_heads % p.tp != 0 && p.tp % dims.llm_kv_heads != 0)
     fail(fmt::format(
         "parallel.tp={} neither divides the model's {} kv heads nor is a multiple of them; valid tp: {}",
@@ -80,9 +85,14 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
 
   // The layout is sound; now refuse what this build cannot run rather than ignore it.
   const char* kUnavailable = "is not available in this version of Loom";
-  if (p.sequence_parallel)
-    fail(fmt::format("parallel.sequence_parallel=true: sequence parallelism {}", kUnavailable));
-  if (p.tp > 1) fail(fmt::format("parallel.tp={}: tensor parallelism {}", p.tp, kUnavailable));
+  if (p.tp > dims.llm_kv_heads)
+    fail(
+        fmt::format("parallel.tp={}: more tensor-parallel ranks than the model's {} kv heads needs the kv "
+                    "heads replicated over the ranks, which {}",
+                    p.tp, dims.llm_kv_heads, kUnavailable));
+  if (p.tp > 1 && p.zero != 0)
+    fail(fmt::format("parallel.zero={}: ZeRO and FSDP with tensor parallelism (tp={}) {}", p.zero, p.tp,
+                     kUnavailable));
   if (p.pp > 1) fail(fmt::format("parallel.pp={}: pipeline parallelism {}", p.pp, kUnavailable));
   if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
   if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));

@@ -35,9 +35,10 @@ Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& f
   return model_config_from_file(dir + "/config.json", family);
 }
 
-std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(const Qwen2VLConfig& config,
-                                                             const parallel::ParamOptions& options) {
-  return std::make_shared<Qwen2VLForConditionalGeneration>(config, options);
+std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
+    const Qwen2VLConfig& config, const parallel::ParamOptions& options,
+    const std::optional<parallel::TensorParallelGroup>& vision_tp) {
+  return std::make_shared<Qwen2VLForConditionalGeneration>(config, options, vision_tp);
 }
 
 }  // namespace loom::models

@@ -2,6 +2,7 @@
 #pragma once
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,8 +22,10 @@ Qwen2VLConfig model_config_from_file(const std::string& path, const std::string&
 // Reads `<dir>/config.json` (family from its model_type when `family` is empty).
 Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family = "");
 
-// Builds a model with uninitialised (or, shapes_only, unallocated) parameters.
-std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(const Qwen2VLConfig& config,
-                                                             const parallel::ParamOptions& options);
+// Builds a model with uninitialised (or, shapes_only, unallocated) parameters, split over
+// options.tp (the vision tower over `vision_tp` when given).
+std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
+    const Qwen2VLConfig& config, const parallel::ParamOptions& options,
+    const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
 
 }  // namespace loom::models

@@ -6,6 +6,7 @@
 #include <set>
 
 #include "loom/checkpoint/safetensors.h"
+#include "loom/parallel/tensor.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -46,8 +47,19 @@ int64_t parameter_count(const torch::nn::Module& module) {
   return total;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> whole_named_parameters(const torch::nn::Module& module) {
+  const auto layouts = parallel::shard_layouts(module);
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (auto& [name, param] : named_parameters(module)) {
+    auto it = layouts.find(name);
+    out.emplace_back(name, it == layouts.end() ? param : it->second.gather(param.detach()));
+  }
+  return out;
+}
+
 void init_parameters(torch::nn::Module& module, uint64_t seed, double std) {
   at::NoGradGuard no_grad;
+  const auto layouts = parallel::shard_layouts(module);
   for (auto& [name, param] : named_parameters(module)) {
     if (param.is_meta()) continue;
     if (ends_with(name, ".bias")) {
@@ -56,9 +68,11 @@ void init_parameters(torch::nn::Module& module, uint64_t seed, double std) {
       param.fill_(1.0);
     } else {
       auto generator = at::make_generator<at::CPUGeneratorImpl>(derive_seed(seed, "init/" + name));
-      auto values = at::empty(param.sizes(), at::kFloat);
+      auto it = layouts.find(name);
+      auto values = at::empty(
+          it == layouts.end() ? param.sizes().vec() : it->second.whole_shape(param.sizes()), at::kFloat);
       values.normal_(0.0, std, generator);
-      param.copy_(values);
+      param.copy_(it == layouts.end() ? values : it->second.slice(values));
     }
   }
 }
@@ -68,15 +82,20 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
   std::set<std::string> unused;
   for (const auto& name : source.names()) unused.insert(name);
   at::NoGradGuard no_grad;
+  const auto layouts = parallel::shard_layouts(module);
   for (auto& [name, param] : named_parameters(module)) {
+    auto layout = layouts.find(name);
+    const std::vector<int64_t> whole =
+        layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes());
     if (!source.contains(name))
       throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})",
-                                        model_dir, name, fmt::join(param.sizes(), "x")));
+                                        model_dir, name, fmt::join(whole, "x")));
     auto shape = source.shape(name);
-    if (at::IntArrayRef(shape) != param.sizes())
+    if (shape != whole)
       throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir,
-                                        name, fmt::join(shape, ", "), fmt::join(param.sizes(), ", ")));
-    param.copy_(source.load(name));
+                                        name, fmt::join(shape, ", "), fmt::join(whole, ", ")));
+    auto values = source.load(name);
+    param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
     unused.erase(name);
   }
   unused.erase("lm_head.weight");  // tied models may still ship a copy

@@ -11,16 +11,22 @@ namespace loom::models {
 
 // Initialises every parameter from (seed, parameter name), so the result does not depend on
 // construction order or parallel layout: norm scales 1, biases 0, other weights N(0, std^2).
+// A tensor-parallel rank draws the whole tensor and keeps its slice.
 void init_parameters(torch::nn::Module& module, uint64_t seed, double std = 0.02);
 
 // Copies every parameter from the safetensors of `model_dir` (model.safetensors or a sharded
 // index), converting dtype. Missing or mis-shaped tensors are errors naming the tensor and file;
 // tensors in the file that the model does not have are errors too, except `lm_head.weight`
-// for a tied model.
+// for a tied model. The file holds whole tensors; a tensor-parallel rank keeps its slice.
 void load_parameters(torch::nn::Module& module, const std::string& model_dir);
 
-// Parameter tensors in module order, with HuggingFace names.
+// Parameter tensors in module order, with HuggingFace names (this rank's slices under tensor
+// parallelism).
 std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn::Module& module);
+
+// The same with every tensor-parallel slice gathered into its whole tensor, as a checkpoint
+// holds it: a collective that every rank of each tensor-parallel group calls.
+std::vector<std::pair<std::string, at::Tensor>> whole_named_parameters(const torch::nn::Module& module);
 
 // Total number of elements over all parameters (works on shapes-only models).
 int64_t parameter_count(const torch::nn::Module& module);

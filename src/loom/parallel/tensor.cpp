@@ -1,56 +1,164 @@
 #include "loom/parallel/tensor.h"
 
+#include <fmt/ranges.h>
+
+#include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
 
 namespace loom::parallel {
+
+at::Tensor TensorParallelGroup::enter(const at::Tensor& x, int64_t seq_dim) const {
+  return sequence_parallel ? dist::gather_from_sequence_region(x, comm, seq_dim)
+                           : dist::copy_to_region(x, comm);
+}
+
+at::Tensor TensorParallelGroup::exit(const at::Tensor& x, int64_t seq_dim) const {
+  return sequence_parallel ? dist::reduce_scatter_to_sequence_region(x, comm, seq_dim)
+                           : dist::reduce_from_region(x, comm);
+}
 
 at::TensorOptions ParamOptions::tensor_options() const {
   auto options = at::TensorOptions().dtype(dtype);
   return shapes_only ? options.device(at::kMeta) : options;
 }
 
+at::Tensor ShardLayout::slice(const at::Tensor& whole) const {
+  if (!split()) return whole;
+  const int64_t part = whole.size(dim) / parts, piece = part / chunks;
+  if (whole.size(dim) != part * parts || part != piece * chunks)
+    throw ModelError(fmt::format("a [{}] tensor does not split into {} x {} equal slices along dimension {}",
+                                 fmt::join(whole.sizes(), ", "), parts, chunks, dim));
+  std::vector<at::Tensor> pieces;
+  for (int64_t p = 0; p < parts; ++p) pieces.push_back(whole.narrow(dim, p * part + chunk * piece, piece));
+  return at::cat(pieces, dim).contiguous();
+}
+
+at::Tensor ShardLayout::gather(const at::Tensor& local) const {
+  if (!split()) return local;
+  if (!comm || comm->size() != chunks)
+    throw ModelError(fmt::format("a parameter cut into {} slices cannot be gathered over a group of {} ranks",
+                                 chunks, comm ? comm->size() : 1));
+  // Rank order along dim: (chunks, parts, piece); the whole tensor is (parts, chunks, piece).
+  const at::Tensor ranks = dist::all_gather_along(local, *comm, dim);
+  std::vector<int64_t> split_shape = ranks.sizes().vec();
+  const int64_t piece = local.size(dim) / parts;
+  split_shape[dim] = piece;
+  split_shape.insert(split_shape.begin() + dim, parts);
+  split_shape.insert(split_shape.begin() + dim, chunks);
+  return ranks.reshape(split_shape).transpose(dim, dim + 1).reshape(whole_shape(local.sizes()));
+}
+
+std::vector<int64_t> ShardLayout::whole_shape(at::IntArrayRef local) const {
+  std::vector<int64_t> shape = local.vec();
+  if (split()) shape[dim] *= chunks;
+  return shape;
+}
+
 namespace {
 
-void require_single_rank(const TensorParallelGroup& group, const char* layer) {
-  if (group.size != 1)
-    throw ConfigError(
-        fmt::format("parallel.tp={}: {} needs tensor parallelism, which is not available in this "
-                    "version of Loom (valid: 1)",
-                    group.size, layer));
+int64_t split_size(int64_t features, int64_t blocks, const TensorParallelGroup& group, const char* layer,
+                   const char* what) {
+  if (features % (blocks * group.size()) != 0)
+    throw ModelError(fmt::format("{}: {} {} do not split evenly over {} tensor-parallel ranks{}", layer,
+                                 features, what, group.size(),
+                                 blocks > 1 ? fmt::format(" in each of {} fused blocks", blocks) : ""));
+  return features / group.size();
+}
+
+ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1) {
+  ShardLayout layout;
+  layout.dim = dim;
+  layout.parts = parts;
+  layout.chunks = group.size();
+  layout.chunk = group.rank();
+  layout.comm = group.comm;
+  return layout;
 }
 
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool with_bias,
-                                           const ParamOptions& options, TensorParallelGroup group)
-    : group_(group) {
-  require_single_rank(group, "ColumnParallelLinear");
-  weight = register_parameter("weight",
-                              at::empty({out_features / group.size, in_features}, options.tensor_options()));
-  if (with_bias)
-    bias = register_parameter("bias", at::empty({out_features / group.size}, options.tensor_options()));
+                                           const ParamOptions& options, int64_t parts)
+    : group_(options.tp), parts_(parts) {
+  const int64_t local = split_size(out_features, parts, group_, "ColumnParallelLinear", "output features");
+  weight = register_parameter("weight", at::empty({local, in_features}, options.tensor_options()));
+  if (with_bias) bias = register_parameter("bias", at::empty({local}, options.tensor_options()));
 }
 
-at::Tensor ColumnParallelLinear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
+at::Tensor ColumnParallelLinear::forward(const at::Tensor& x, bool gather_output) const {
+  auto y = at::linear(x, weight, bias);
+  if (!gather_output || group_.size() == 1) return y;
+  if (parts_ != 1)
+    throw ModelError("ColumnParallelLinear: gathering the output of fused blocks is not supported");
+  return dist::gather_from_region(y, group_.comm, -1);
+}
+
+std::map<std::string, ShardLayout> ColumnParallelLinear::layouts() const {
+  std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 0, parts_)}};
+  if (bias.defined()) out["bias"] = split_layout(group_, 0, parts_);
+  return out;
+}
 
 RowParallelLinear::RowParallelLinear(int64_t in_features, int64_t out_features, bool with_bias,
-                                     const ParamOptions& options, TensorParallelGroup group)
-    : group_(group) {
-  require_single_rank(group, "RowParallelLinear");
-  weight = register_parameter("weight",
-                              at::empty({out_features, in_features / group.size}, options.tensor_options()));
+                                     const ParamOptions& options)
+    : group_(options.tp) {
+  const int64_t local = split_size(in_features, 1, group_, "RowParallelLinear", "input features");
+  weight = register_parameter("weight", at::empty({out_features, local}, options.tensor_options()));
   if (with_bias) bias = register_parameter("bias", at::empty({out_features}, options.tensor_options()));
 }
 
-at::Tensor RowParallelLinear::forward(const at::Tensor& x) const { return at::linear(x, weight, bias); }
-
-VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab_size, int64_t dim, const ParamOptions& options,
-                                               TensorParallelGroup group)
-    : group_(group) {
-  require_single_rank(group, "VocabParallelEmbedding");
-  weight = register_parameter("weight", at::empty({vocab_size / group.size, dim}, options.tensor_options()));
+at::Tensor RowParallelLinear::forward(const at::Tensor& x, int64_t seq_dim) const {
+  if (group_.size() == 1) return at::linear(x, weight, bias);
+  auto y = group_.exit(at::linear(x, weight), seq_dim);
+  return bias.defined() ? y + bias : y;
 }
 
-at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const { return at::embedding(weight, ids); }
+std::map<std::string, ShardLayout> RowParallelLinear::layouts() const {
+  std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 1)}};
+  if (bias.defined()) {
+    ShardLayout whole;
+    whole.comm = group_.comm;
+    whole.partial_grad = group_.sequence_parallel && group_.size() > 1;  // added to one sequence chunk
+    out["bias"] = whole;
+  }
+  return out;
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(int64_t vocab_size, int64_t dim, const ParamOptions& options)
+    : group_(options.tp) {
+  const int64_t local = split_size(vocab_size, 1, group_, "VocabParallelEmbedding", "vocabulary rows");
+  vocab_start_ = local * group_.rank();
+  weight = register_parameter("weight", at::empty({local, dim}, options.tensor_options()));
+}
+
+at::Tensor VocabParallelEmbedding::forward(const at::Tensor& ids) const {
+  if (group_.size() == 1) return at::embedding(weight, ids);
+  // Ids outside this rank's rows look up row 0 and are zeroed; the sum over ranks fills them in.
+  const auto outside = (ids < vocab_start_).logical_or(ids >= vocab_start_ + weight.size(0));
+  const auto local_ids = (ids - vocab_start_).masked_fill(outside, 0);
+  auto rows = at::embedding(weight, local_ids).masked_fill(outside.unsqueeze(-1), 0.0);
+  return dist::reduce_from_region(rows, group_.comm);
+}
+
+std::map<std::string, ShardLayout> VocabParallelEmbedding::layouts() const {
+  return {{"weight", split_layout(group_, 0)}};
+}
+
+std::map<std::string, ShardLayout> shard_layouts(const torch::nn::Module& root) {
+  std::map<std::string, ShardLayout> out;
+  for (const auto& item : root.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    std::map<std::string, ShardLayout> own;
+    if (const auto* column = dynamic_cast<const ColumnParallelLinear*>(item.value().get())) {
+      own = column->layouts();
+    } else if (const auto* row = dynamic_cast<const RowParallelLinear*>(item.value().get())) {
+      own = row->layouts();
+    } else if (const auto* embedding = dynamic_cast<const VocabParallelEmbedding*>(item.value().get())) {
+      own = embedding->layouts();
+    }
+    for (auto& [name, layout] : own)
+      out[item.key().empty() ? name : item.key() + "." + name] = std::move(layout);
+  }
+  return out;
+}
 
 }  // namespace loom::parallel

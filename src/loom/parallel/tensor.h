@@ -1,60 +1,117 @@
-// Tensor-parallel layers (Megatron style). A model builds these where a layer will be split
-// across a tensor-parallel group; with a group of size 1 they are plain linears/embeddings.
+// Tensor-parallel layers (Megatron style). A model builds these where a layer is split across a
+// tensor-parallel group; with a group of one rank they are plain linears and embeddings. Each
+// parameter knows how it is cut from its whole HuggingFace tensor (ShardLayout), so weights load,
+// initialise and save in whole shapes under any tp.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
+#include <memory>
+#include <string>
+
+#include "loom/dist/comm.h"
+
 namespace loom::parallel {
 
-// How the parameters a layer holds are created: real CPU storage, or shapes only (meta device).
+// The tensor-parallel group a layer is split over, and whether the activations between the
+// tensor-parallel regions are split along the sequence (sequence parallelism).
+struct TensorParallelGroup {
+  std::shared_ptr<dist::Comm> comm;  // null: one rank, nothing is split
+  bool sequence_parallel = false;
+
+  int64_t size() const { return comm ? comm->size() : 1; }
+  int64_t rank() const { return comm ? comm->rank() : 0; }
+  // Into a region where every rank needs the whole input: the identity (backward: sum of the
+  // ranks' gradients), or, under sequence parallelism, the chunks of `seq_dim` gathered.
+  at::Tensor enter(const at::Tensor& x, int64_t seq_dim) const;
+  // Out of a region whose ranks hold partial sums: all-reduced, or, under sequence parallelism,
+  // reduce-scattered along `seq_dim`.
+  at::Tensor exit(const at::Tensor& x, int64_t seq_dim) const;
+};
+
+// How the parameters a layer holds are created: real CPU storage, or shapes only (meta device),
+// and the tensor-parallel group that decides their (local) shapes.
 struct ParamOptions {
   at::ScalarType dtype = at::kFloat;
   bool shapes_only = false;
+  TensorParallelGroup tp;
   at::TensorOptions tensor_options() const;
 };
 
-// The tensor-parallel group a layer is split over. Only size 1 runs in this version of Loom;
-// larger groups are refused at construction with a clear error.
-struct TensorParallelGroup {
-  int64_t size = 1;
-  int64_t rank = 0;
+// How a rank's parameter is cut from the whole tensor: along `dim`, the whole is `parts` fused
+// blocks (vision qkv: q, k, v), each cut into `chunks` equal slices of which this rank holds
+// slice `chunk` of every block. dim < 0: the rank holds the whole tensor.
+struct ShardLayout {
+  int64_t dim = -1;
+  int64_t parts = 1;
+  int64_t chunks = 1;
+  int64_t chunk = 0;
+  std::shared_ptr<dist::Comm> comm;  // the group whose ranks hold the slices, in slice order
+  // A whole parameter used on one chunk of the sequence per rank (sequence parallelism: norms,
+  // biases after a reduce-scatter): each rank's gradient is a partial sum over `comm`.
+  bool partial_grad = false;
+
+  bool split() const { return dim >= 0 && chunks > 1; }
+  // This rank's slice of `whole`.
+  at::Tensor slice(const at::Tensor& whole) const;
+  // The whole tensor from every rank's slice (a collective over `comm`; each rank gets it).
+  at::Tensor gather(const at::Tensor& local) const;
+  // The whole tensor's shape from a slice's.
+  std::vector<int64_t> whole_shape(at::IntArrayRef local) const;
 };
 
-// y = x W^T + b with W (out, in) split along `out` over the group: each rank holds out/size rows.
+// y = x W^T + b with W (out, in) split along `out` over the group: each rank holds out/size rows
+// (of each of `parts` fused blocks of out/parts rows, so every rank gets whole heads of q, k and v).
 class ColumnParallelLinear : public torch::nn::Module {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options,
-                       TensorParallelGroup group = {});
-  at::Tensor forward(const at::Tensor& x) const;  // x (..., in) -> (..., out/size)
+                       int64_t parts = 1);
+  // x: the whole input, as group().enter() returns it (callers reading one input in several
+  // layers enter once) -> (..., out/size); with gather_output, every rank's columns in order.
+  at::Tensor forward(const at::Tensor& x, bool gather_output = false) const;
+  const TensorParallelGroup& group() const { return group_; }
+  std::map<std::string, ShardLayout> layouts() const;
   at::Tensor weight, bias;
 
  private:
   TensorParallelGroup group_;
+  int64_t parts_;
 };
 
 // y = x W^T + b with W (out, in) split along `in`: each rank holds in/size columns; the partial
-// products are summed over the group.
+// products are summed over the group (group().exit()), then the bias is added.
 class RowParallelLinear : public torch::nn::Module {
  public:
-  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options,
-                    TensorParallelGroup group = {});
-  at::Tensor forward(const at::Tensor& x) const;  // x (..., in/size) -> (..., out)
+  RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options);
+  // x (..., in/size) -> (..., out), whole, or this rank's chunk of `seq_dim` under sequence parallelism.
+  at::Tensor forward(const at::Tensor& x, int64_t seq_dim) const;
+  const TensorParallelGroup& group() const { return group_; }
+  std::map<std::string, ShardLayout> layouts() const;
   at::Tensor weight, bias;
 
  private:
   TensorParallelGroup group_;
 };
 
-// Token embedding with the vocabulary split over the group.
+// Token embedding with the vocabulary split over the group: each rank looks up the ids in its
+// range, and the rows are summed over the group.
 class VocabParallelEmbedding : public torch::nn::Module {
  public:
-  VocabParallelEmbedding(int64_t vocab_size, int64_t dim, const ParamOptions& options,
-                         TensorParallelGroup group = {});
-  at::Tensor forward(const at::Tensor& ids) const;  // ids (...) int64 -> (..., dim)
+  VocabParallelEmbedding(int64_t vocab_size, int64_t dim, const ParamOptions& options);
+  at::Tensor forward(const at::Tensor& ids) const;  // ids (...) int64 -> (..., dim), whole on every rank
+  const TensorParallelGroup& group() const { return group_; }
+  std::map<std::string, ShardLayout> layouts() const;
+  int64_t vocab_start() const { return vocab_start_; }
   at::Tensor weight;
 
  private:
   TensorParallelGroup group_;
+  int64_t vocab_start_ = 0;
 };
+
+// Every parameter of `root` that a tensor-parallel layer under it holds, by its full name, with
+// its layout; parameters not listed are whole on every rank.
+std::map<std::string, ShardLayout> shard_layouts(const torch::nn::Module& root);
 
 }  // namespace loom::parallel

@@ -14,23 +14,57 @@ double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, do
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
+namespace {
+
+// Scales every gradient by max_norm / norm when the norm exceeds max_norm (and is finite).
+void clip_to(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
+  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
+    const double scale = max_norm / (norm + 1e-6);
+    for (const auto& g : grads) g.mul_(scale);
+  }
+}
+
+// The squared 2-norms of params' gradients (fp64, one host sync), summed into [whole, split].
+std::pair<double, double> squared_norms(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
+                                        std::vector<at::Tensor>& grads) {
+  std::vector<at::Tensor> norms;  // one fp32 scalar per grad
+  std::vector<int64_t> is_split;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    norms.push_back(at::norm(g, 2, at::kFloat));
+    is_split.push_back(!split.empty() && split[i] ? 1 : 0);
+  }
+  if (grads.empty()) return {0.0, 0.0};
+  const auto squares = at::stack(norms).to(at::kDouble).pow(2);
+  if (split.empty()) return {squares.sum().item<double>(), 0.0};
+  const auto mask = at::tensor(is_split, at::kLong).to(at::kBool);
+  const auto sums =
+      at::stack({squares.masked_fill(mask, 0.0).sum(), squares.masked_fill(mask.logical_not(), 0.0).sum()});
+  return {sums[0].item<double>(), sums[1].item<double>()};
+}
+
+}  // namespace
+
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  std::vector<at::Tensor> norms;  // one fp32 scalar per grad
-  for (const auto& p : params) {
-    const at::Tensor& g = p.grad();
-    if (!g.defined()) continue;
-    grads.push_back(g);
-    norms.push_back(at::norm(g, 2, at::kFloat).to(grads.front().device()));
-  }
-  if (grads.empty()) return 0.0;
-  // sqrt(sum_i norm_i^2), accumulated in fp64: one host sync for all grads.
-  const double norm = at::stack(norms).to(at::kDouble).pow(2).sum().sqrt().item<double>();
-  if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
-    const double scale = max_norm / (norm + 1e-6);
-    for (auto& g : grads) g.mul_(scale);
-  }
+  const auto [whole, split] = squared_norms(params, {}, grads);
+  const double norm = std::sqrt(whole + split);
+  clip_to(grads, norm, max_norm);
+  return norm;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
+                      dist::Comm& group, double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> grads;
+  const auto [whole, split_sum] = squared_norms(params, split, grads);
+  auto total = at::tensor({split_sum}, at::kDouble);
+  group.all_reduce_sum({total});
+  const double norm = std::sqrt(whole + total.item<double>());
+  clip_to(grads, norm, max_norm);
   return norm;
 }
 

@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "loom/dist/comm.h"
+
 namespace loom::train {
 
 // Learning rate for the 0-based step about to run: max_lr*(step+1)/warmup_steps while
@@ -16,5 +18,11 @@ double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, do
 // tensor and summed in fp64. When max_norm > 0 and the norm exceeds it, every grad is scaled by
 // max_norm/(norm+1e-6). A non-finite norm is returned without scaling, for the caller to act on.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
+
+// The same for a model split by tensor parallelism over `group`: split[i] says each rank holds a
+// slice of params[i] (its squared norm is summed over the group); the others are whole and the
+// same on every rank (counted once). Every rank of the group calls it and gets the same norm.
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
+                      dist::Comm& group, double max_norm);
 
 }  // namespace loom::train

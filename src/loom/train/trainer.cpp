@@ -17,6 +17,7 @@
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/nn/attention.h"
+#include "loom/parallel/cross_entropy.h"
 #include "loom/train/flops.h"
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
@@ -51,11 +52,16 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
                                   model.text.vocab_size, tokenizer.vocab_size()));
 }
 
-// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs).
-at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels) {
+// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs). Under
+// tensor parallelism the logits are this rank's slice of the vocabulary, from vocab_start.
+at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels,
+                          const parallel::TensorParallelGroup& tp, int64_t vocab_start) {
   const int64_t length = logits.size(1), vocab = logits.size(2);
   auto predicted = logits.narrow(1, 0, length - 1).reshape({-1, vocab}).to(at::kFloat);
   auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
+  if (tp.size() > 1)
+    return parallel::vocab_parallel_cross_entropy_sum(predicted, targets, tp.comm, vocab_start,
+                                                      data::kIgnoreIndex);
   return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
 
@@ -134,8 +140,14 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
   nn::set_fused_attention(job_.features.fused_kernels);
   const int64_t world = comm_ ? comm_->size() : 1;
   validate_layout(job_, model_config_, world);
-  // tp, cp and pp are 1 (validate_parallel refuses the rest): every rank is a data-parallel rank.
+  // cp and pp are 1 (validate_parallel refuses the rest): the ranks are tp x dp.
   dp_ = config::data_parallel_size(job_.parallel, world);
+  if (comm_) {
+    const auto& p = job_.parallel;
+    parallel_ = std::make_unique<dist::ParallelState>(comm_, dist::GridSizes{p.tp, p.cp, p.ep, dp_, p.pp});
+    data_comm_ = parallel_->group({dist::Axis::dp, dist::Axis::cp});
+    if (p.tp > 1) tp_ = {parallel_->group({dist::Axis::tp}), p.sequence_parallel};
+  }
   accumulation_ = t.global_batch_size / (t.micro_batch_size * dp_);
   data::Qwen2VLImageOptions image;
   image.patch_size = model_config_.vision.patch_size;
@@ -146,7 +158,10 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
 
   parallel::ParamOptions options;
   options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-  model_ = models::build_model(model_config_, options);
+  options.tp = tp_;
+  std::optional<parallel::TensorParallelGroup> vision_tp;
+  if (job_.parallel.vision_tp == 1) vision_tp = parallel::TensorParallelGroup{};
+  model_ = models::build_model(model_config_, options, vision_tp);
   models::init_parameters(*model_, static_cast<uint64_t>(t.seed));
   if (!job_.model.init_from.empty()) load_weights(job_.model.init_from);
 
@@ -170,12 +185,26 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     if (param.requires_grad()) {
       params.push_back({name, param});
       trainable_.push_back(param);
+      trainable_names_.push_back(name);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
-  if (comm_) {
-    const auto& p = job_.parallel;
-    parallel_ = std::make_unique<dist::ParallelState>(comm_, dist::GridSizes{p.tp, p.cp, p.ep, dp_, p.pp});
-    data_comm_ = parallel_->group({dist::Axis::dp, dist::Axis::cp});
+  if (tp_.size() > 1) {
+    const auto layouts = parallel::shard_layouts(*model_);
+    for (const auto& p : params) {
+      auto it = layouts.find(p.name);
+      tp_split_.push_back(it != layouts.end() && it->second.split());
+      if (it != layouts.end() && it->second.partial_grad) tp_partial_.push_back(p.param);
+    }
+    // Under sequence parallelism every whole parameter inside the blocks (norm scales, and biases
+    // added after a reduce-scatter) sees one chunk of the tokens per rank.
+    if (job_.parallel.sequence_parallel)
+      for (const auto& p : params) {
+        auto it = layouts.find(p.name);
+        const bool in_block = p.name.rfind("model.layers.", 0) == 0 ||
+                              (job_.parallel.vision_tp != 1 && p.name.rfind("visual.blocks.", 0) == 0);
+        if (in_block && (it == layouts.end() || (!it->second.split() && !it->second.partial_grad)))
+          tp_partial_.push_back(p.param);
+      }
   }
   const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
   if (data_comm_ && job_.parallel.zero == 3) {
@@ -198,6 +227,32 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
                                                      job_.parallel.overlap_grad_reduce);
     optimizer_ = std::make_unique<AdamW>(std::move(params), adamw);
   }
+  if (tp_.size() > 1) {
+    // What tensor parallelism saves: this rank's trainable parameter bytes against the whole model's.
+    const auto layouts = parallel::shard_layouts(*model_);
+    int64_t local = 0, whole = 0, split_local = 0, split_whole = 0;
+    for (size_t i = 0; i < trainable_.size(); ++i) {
+      const at::Tensor& p = trainable_[i];
+      auto it = layouts.find(trainable_names_[i]);
+      const bool split = it != layouts.end() && it->second.split();
+      const int64_t all = split ? p.nbytes() * it->second.chunks : p.nbytes();
+      local += p.nbytes();
+      whole += all;
+      if (split) split_local += p.nbytes(), split_whole += all;
+    }
+    spdlog::info(
+        "tensor parallelism (tp={}{}): this rank holds {} of the model's {} trainable parameter bytes "
+        "({:.3f}x); "
+        "the split layers {} of {} ({:.3f}x)",
+        tp_.size(), job_.parallel.sequence_parallel ? ", sequence parallel" : "", local, whole,
+        static_cast<double>(local) / whole, split_local, split_whole,
+        split_whole ? static_cast<double>(split_local) / split_whole : 0.0);
+  }
+  if (job_.tools.dump_gradients > 0 && sharded_)
+    throw ConfigError(
+        fmt::format("tools.dump_gradients: parallel.zero={} shards the gradients over the ranks; "
+                    "dump them with zero 0",
+                    job_.parallel.zero));
   const ModelStateBytes bytes = model_state_bytes();
   std::string layout = "";
   if (fsdp_) {
@@ -254,6 +309,22 @@ class WholeParameters {
   parallel::FullyShardedModel* fsdp_;
 };
 
+// Optimizer state entries are "<kind>.<parameter name>" (and "step"): under tensor parallelism
+// each is cut like its parameter. Whole entries from this rank's slices (a collective over the
+// tensor-parallel group), or this rank's slices from whole entries.
+std::vector<std::pair<std::string, at::Tensor>> tensor_parallel_state(
+    const std::map<std::string, parallel::ShardLayout>& layouts,
+    std::vector<std::pair<std::string, at::Tensor>> state, bool gather) {
+  for (auto& [key, value] : state) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos) continue;
+    auto it = layouts.find(key.substr(dot + 1));
+    if (it == layouts.end() || !it->second.split()) continue;
+    value = gather ? it->second.gather(value) : it->second.slice(value);
+  }
+  return state;
+}
+
 }  // namespace
 
 Trainer::~Trainer() = default;
@@ -286,6 +357,9 @@ void Trainer::resume_from(const std::string& dir) {
     if (sharded_) {
       sharded_->load_state_dict(tensors);
     } else {
+      if (tp_.size() > 1)
+        tensors =
+            tensor_parallel_state(parallel::shard_layouts(*model_), std::move(tensors), /*gather=*/false);
       optimizer_->load_state_dict(tensors);
     }
   } catch (const CheckpointError& e) {
@@ -301,18 +375,22 @@ void Trainer::resume_from(const std::string& dir) {
 }
 
 void Trainer::save_checkpoint() {
-  // Under ZeRO-1 every rank takes part in gathering the optimizer state.
-  const auto optimizer_state = sharded_ ? sharded_->state_dict() : optimizer_->state_dict();
+  // Under ZeRO-1 every rank takes part in gathering the optimizer state, under tensor
+  // parallelism in gathering the slices of it and of the weights.
+  auto optimizer_state = sharded_ ? sharded_->state_dict() : optimizer_->state_dict();
+  if (tp_.size() > 1)
+    optimizer_state = tensor_parallel_state(parallel::shard_layouts(*model_), std::move(optimizer_state),
+                                            /*gather=*/true);
   WholeParameters whole(fsdp_.get());  // every rank takes part in gathering the FSDP units
-  if (!is_main()) {                    // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
+  const auto weights = models::whole_named_parameters(*model_);
+  if (!is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
     comm_->barrier();
     return;
   }
   const auto& t = job_.training;
   checkpoint::StagedDirectory staged(t.output_dir, checkpoint::checkpoint_name(step_));
   const std::string dir = staged.path();
-  checkpoint::save_safetensors(dir + "/model.safetensors", models::named_parameters(*model_),
-                               {{"format", "pt"}});
+  checkpoint::save_safetensors(dir + "/model.safetensors", weights, {{"format", "pt"}});
   checkpoint::write_text_file_durable(dir + "/config.json",
                                       models::to_hf_config(model_config_).dump(2) + "\n");
   data_->save_tokenizer(dir);
@@ -366,7 +444,7 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     const data::Batch& batch = micro_batches[m];
     const auto forward_begin = Clock::now();
     auto logits = model_->forward(model_inputs(batch));
-    auto loss = token_loss_sum(logits, batch.labels);
+    auto loss = token_loss_sum(logits, batch.labels, tp_, model_->vocab_start());
     stats.forward_s += seconds_since(forward_begin);
     // Only the last micro-batch's backward communicates: earlier ones only accumulate.
     if (reducer_ && m + 1 == micro_batches.size()) reducer_->arm();
@@ -393,6 +471,18 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     } else {
       stats.grad_sync_s = reducer_->finish();
     }
+    if (!tp_partial_.empty()) {
+      // Sequence parallelism: each tensor-parallel rank holds part of these gradients.
+      const auto begin = Clock::now();
+      std::vector<at::Tensor> grads;
+      for (const auto& p : tp_partial_)
+        if (p.grad().defined()) grads.push_back(p.grad());
+      tp_.comm->all_reduce_sum(grads);
+      stats.grad_sync_s += seconds_since(begin);
+    }
+  }
+  if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
+  if (comm_) {
     const auto totals = sum_over_ranks(
         {loss_sum, static_cast<double>(stats.tokens), static_cast<double>(stats.samples), stats.flops});
     loss_sum = totals[0];
@@ -401,8 +491,28 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     stats.flops = totals[3];
   }
   stats.loss = loss_sum * scale;
-  if (!sharded_) stats.grad_norm = clip_grad_norm(trainable_, job_.training.clip_grad);
+  if (!sharded_)
+    stats.grad_norm = tp_split_.empty()
+                          ? clip_grad_norm(trainable_, job_.training.clip_grad)
+                          : clip_grad_norm(trainable_, tp_split_, *tp_.comm, job_.training.clip_grad);
   return stats;
+}
+
+void Trainer::dump_gradients() const {
+  const auto layouts = parallel::shard_layouts(*model_);
+  std::vector<std::pair<std::string, at::Tensor>> grads;
+  for (size_t i = 0; i < trainable_.size(); ++i) {
+    at::Tensor g = trainable_[i].grad();
+    if (!g.defined()) g = at::zeros_like(trainable_[i]);
+    auto it = layouts.find(trainable_names_[i]);
+    grads.emplace_back(trainable_names_[i], it == layouts.end() ? g : it->second.gather(g));
+  }
+  if (!is_main()) return;
+  const std::string dir = job_.training.output_dir + "/gradients";
+  fs::create_directories(dir);
+  const std::string path = fmt::format("{}/step-{:08d}.safetensors", dir, step_ + 1);
+  checkpoint::save_safetensors(path, grads);
+  spdlog::info("wrote the gradients of step {} to {}", step_ + 1, path);
 }
 
 void Trainer::optimizer_step(double lr) {
@@ -512,7 +622,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   r.step_time_median_s = step_times[step_times.size() / 2];
   r.tokens_per_s = tokens / r.total_s;
   r.samples_per_s = samples / r.total_s;
-  r.mfu = flops / r.total_s / (peak_flops_ * static_cast<double>(dp_));
+  r.mfu = flops / r.total_s / (peak_flops_ * static_cast<double>(dp_ * tp_.size()));
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
   r.peak_rss_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
@@ -610,7 +720,7 @@ std::optional<EvalResult> Trainer::train() {
     total_step_time += seconds;
     total_grad_sync += stats.grad_sync_s;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
-    const double mfu = stats.flops / seconds / (peak_flops_ * static_cast<double>(dp_));
+    const double mfu = stats.flops / seconds / (peak_flops_ * static_cast<double>(dp_ * tp_.size()));
     if (metrics)
       metrics->write({{"step", step_},
                       {"loss", stats.loss},
@@ -671,15 +781,16 @@ EvalResult Trainer::evaluate() {
   const auto& tokenizer = data_->tokenizer();
   const int64_t im_end = tokenizer.id("<|im_end|>");
   const int64_t pad = padding_id(tokenizer);
-  // Batches are dealt round-robin to the data-parallel ranks; each scored answer keeps its
-  // position in the held-out set so the gathered result is in eval order on every rank.
+  // Batches are dealt round-robin to the data-parallel ranks (the ranks of a tensor-parallel
+  // group decode the same batch together); each scored answer keeps its position in the held-out
+  // set so the gathered result is in eval order on every rank.
   struct Scored {
     int64_t position;
     EvalPrediction prediction;
     bool correct;
   };
   std::vector<Scored> scored;
-  const int64_t ranks = comm_ ? comm_->size() : 1, rank = comm_ ? comm_->rank() : 0;
+  const int64_t ranks = data_comm_ ? data_comm_->size() : 1, rank = data_comm_ ? data_comm_->rank() : 0;
   for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
     if (index % ranks != rank) continue;
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
@@ -706,7 +817,7 @@ EvalResult Trainer::evaluate() {
       auto hidden = model_->model->forward(embeds, positions);
       auto last = at::empty({rows}, at::kLong);
       for (int64_t r = 0; r < rows; ++r) last[r] = lengths[r] - 1;
-      auto next = model_->logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);
+      auto next = model_->whole_logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);
       bool all_done = true;
       for (int64_t r = 0; r < rows; ++r) {
         if (finished[r]) continue;
@@ -731,13 +842,13 @@ EvalResult Trainer::evaluate() {
                         finished[r] && predicted == batch.answers[r]});
     }
   }
-  if (comm_) {
+  if (data_comm_) {
     nlohmann::json mine = nlohmann::json::array();
     for (const Scored& s : scored)
       mine.push_back({s.position, s.prediction.question, s.prediction.answer, s.prediction.predicted,
                       s.prediction.question_type, s.correct});
     scored.clear();
-    for (const std::string& text : comm_->all_gather(mine.dump()))
+    for (const std::string& text : data_comm_->all_gather(mine.dump()))
       for (const auto& row : nlohmann::json::parse(text))
         scored.push_back({row[0].get<int64_t>(),
                           {row[1].get<std::string>(), row[2].get<std::string>(), row[3].get<std::string>(),

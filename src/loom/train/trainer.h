@@ -89,6 +89,7 @@ class Trainer {
   StepStats train_step(const std::vector<data::Batch>& micro_batches);
   void optimizer_step(double lr);  // the update, then the gradients are dropped
   void save_checkpoint();
+  void dump_gradients() const;  // tools.dump_gradients
   void resume_from(const std::string& dir);
   std::optional<std::string> resume_directory() const;
   void log_eval(const EvalResult& result, MetricsLog* metrics);  // metrics line and console
@@ -108,7 +109,13 @@ class Trainer {
   std::shared_ptr<dist::Comm> comm_;               // every rank: barriers, evaluation
   std::unique_ptr<dist::ParallelState> parallel_;  // with comm_: the layout's groups
   std::shared_ptr<dist::Comm> data_comm_;          // with comm_: dp x cp, which sums gradients
-  std::unique_ptr<dist::GradReducer> reducer_;     // with comm_: sums the gradients over the ranks
+  parallel::TensorParallelGroup tp_;               // the LLM's tensor-parallel group (null comm: tp 1)
+  // Trainable parameters by their place in trainable_: whether each rank holds a slice (so
+  // squared norms sum over tp_), and those whose gradient is a partial sum over tp_ (sequence
+  // parallelism) and is all-reduced over it after backward.
+  std::vector<bool> tp_split_;
+  std::vector<at::Tensor> tp_partial_;
+  std::unique_ptr<dist::GradReducer> reducer_;  // with comm_: sums the gradients over the ranks
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   std::unique_ptr<JobData> data_;
@@ -116,6 +123,7 @@ class Trainer {
   std::unique_ptr<AdamW> optimizer_;                   // one of these two:
   std::unique_ptr<ShardedAdamW> sharded_;              // parallel.zero=1 or 3 over several ranks
   std::vector<at::Tensor> trainable_;
+  std::vector<std::string> trainable_names_;
   int64_t step_ = 0;
   int64_t dp_ = 1;            // data-parallel ranks
   int64_t accumulation_ = 1;  // micro-batches per rank and step

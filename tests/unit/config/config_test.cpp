@@ -220,7 +220,8 @@ TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
                                  "global_batch_size, micro_batch_size, lr, min_lr,"));
   EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
-            "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar)");
+            "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar, "
+            "dump_gradients)");
 }
 
 TEST(ParseConfigErrors, UnknownSection) {

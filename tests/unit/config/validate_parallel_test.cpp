@@ -54,8 +54,11 @@ TEST(ValidateParallel, TpAgainstKvHeads) {
       error_of(job({"parallel.tp=2"}), dims, 2),
       "job.yaml: parallel.tp=2 neither divides the model's 3 kv heads nor is a multiple of them; valid tp: "
       "1, 3, 6");
-  // tp 6 passes every structural check and then meets the availability check.
-  EXPECT_THAT(error_of(job({"parallel.tp=6"}), dims, 6), HasSubstr("tensor parallelism is not available"));
+  // tp 6 passes every structural check and then meets the availability check: replicated kv heads.
+  EXPECT_EQ(
+      error_of(job({"parallel.tp=6"}), dims, 6),
+      "job.yaml: parallel.tp=6: more tensor-parallel ranks than the model's 3 kv heads needs the kv heads "
+      "replicated over the ranks, which is not available in this version of Loom");
 }
 
 TEST(ValidateParallel, TpMustDivideVocab) {
@@ -93,19 +96,41 @@ TEST(ValidateParallel, ExpertAndSequenceParallelShapes) {
       "ranks)");
 }
 
+TEST(ValidateParallel, TensorParallelLayoutsPass) {
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2"}), kTiny, 2));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.sequence_parallel=true"}), kTiny, 2));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "training.micro_batch_size=16"}), kTiny, 4));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.vision_tp=1"}), kTiny, 2));
+  EXPECT_EQ(data_parallel_size(job({"parallel.tp=2"}).parallel, 4), 2);
+}
+
+TEST(ValidateParallel, VisionTpIsOneOrTp) {
+  // 4 LLM heads, 1 vision head: the tower cannot split over 2 ranks but may stay whole.
+  const ModelDims dims{4, 2, 1, 256, 2};
+  EXPECT_EQ(error_of(job({"parallel.tp=2"}), dims, 2),
+            "job.yaml: parallel.tp=2 does not divide model heads (llm 4, vision 1); valid tp: 1");
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.vision_tp=1"}), dims, 2));
+  try {
+    job({"parallel.tp=2", "parallel.vision_tp=3"});
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "--set parallel.vision_tp=3: must be 1 (the vision tower whole on every tensor-parallel "
+                 "rank) or tp (2), or 0 for the same as tp; got 3");
+  }
+}
+
 TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
-  EXPECT_EQ(error_of(job({"parallel.tp=2"}), kTiny, 2),
-            "job.yaml: parallel.tp=2: tensor parallelism is not available in this version of Loom");
+  EXPECT_EQ(
+      error_of(job({"parallel.tp=2", "parallel.zero=1"}), kTiny, 2),
+      "job.yaml: parallel.zero=1: ZeRO and FSDP with tensor parallelism (tp=2) is not available in this "
+      "version of Loom");
   EXPECT_EQ(error_of(job({"parallel.pp=2"}), kTiny, 2),
             "job.yaml: parallel.pp=2: pipeline parallelism is not available in this version of Loom");
   EXPECT_EQ(error_of(job({"parallel.cp=2"}), kTiny, 2),
             "job.yaml: parallel.cp=2: context parallelism is not available in this version of Loom");
   EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),
             "job.yaml: parallel.ep=2: expert parallelism is not available in this version of Loom");
-  EXPECT_EQ(
-      error_of(job({"parallel.tp=2", "parallel.sequence_parallel=true"}), kTiny, 2),
-      "job.yaml: parallel.sequence_parallel=true: sequence parallelism is not available in this version of "
-      "Loom");
 }
 
 TEST(ValidateParallel, BadInputs) {

@@ -1,5 +1,6 @@
 #include "loom/models/qwen2_vl/language.h"
 
+#include "loom/dist/mappings.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
@@ -7,24 +8,43 @@
 
 namespace loom::models {
 
+namespace {
+
+// Packed text rows are (1, L, hidden): the sequence is dimension 1.
+constexpr int64_t kSequenceDim = 1;
+
+int64_t heads_per_rank(int64_t heads, const parallel::ParamOptions& options, const char* what) {
+  const int64_t tp = options.tp.size();
+  if (heads % tp != 0)
+    throw ConfigError(fmt::format(
+        "parallel.tp={}: the language model's {} {} do not split evenly over the tensor-parallel ranks", tp,
+        heads, what));
+  return heads / tp;
+}
+
+}  // namespace
+
 TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& options)
-    : num_heads(c.num_heads), num_kv_heads(c.num_kv_heads), head_dim(c.head_dim()) {
+    : num_heads(heads_per_rank(c.num_heads, options, "attention heads")),
+      num_kv_heads(heads_per_rank(c.num_kv_heads, options, "key/value heads")),
+      head_dim(c.head_dim()) {
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, num_heads * head_dim, true, options));
+                                         c.hidden_size, c.num_heads * head_dim, true, options));
   k_proj = register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, num_kv_heads * head_dim, true, options));
+                                         c.hidden_size, c.num_kv_heads * head_dim, true, options));
   v_proj = register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, num_kv_heads * head_dim, true, options));
+                                         c.hidden_size, c.num_kv_heads * head_dim, true, options));
   o_proj = register_module("o_proj", std::make_shared<parallel::RowParallelLinear>(
-                                         num_heads * head_dim, c.hidden_size, false, options));
+                                         c.num_heads * head_dim, c.hidden_size, false, options));
 }
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   const std::vector<int64_t>& cu_seqlens) const {
-  const int64_t b = x.size(0), l = x.size(1);
-  auto q = nn::apply_rotary(q_proj->forward(x).view({b, l, num_heads, head_dim}), cos, sin);
-  auto k = nn::apply_rotary(k_proj->forward(x).view({b, l, num_kv_heads, head_dim}), cos, sin);
-  auto v = v_proj->forward(x).view({b, l, num_kv_heads, head_dim});
+  const auto whole = q_proj->group().enter(x, kSequenceDim);  // shared by q, k and v
+  const int64_t b = whole.size(0), l = whole.size(1);
+  auto q = nn::apply_rotary(q_proj->forward(whole).view({b, l, num_heads, head_dim}), cos, sin);
+  auto k = nn::apply_rotary(k_proj->forward(whole).view({b, l, num_kv_heads, head_dim}), cos, sin);
+  auto v = v_proj->forward(whole).view({b, l, num_kv_heads, head_dim});
   at::Tensor out;  // (B, L, H, D)
   if (cu_seqlens.empty()) {
     out = nn::causal_attention(q, k, v);
@@ -33,7 +53,7 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
       throw ModelError(fmt::format("packed sequences come as one row of tokens, got a batch of {}", b));
     out = nn::segment_attention(q[0], k[0], v[0], cu_seqlens, /*causal=*/true).unsqueeze(0);
   }
-  return o_proj->forward(out.reshape({b, l, num_heads * head_dim}));
+  return o_proj->forward(out.reshape({b, l, num_heads * head_dim}), kSequenceDim);
 }
 
 TextMlp::TextMlp(const TextConfig& c, const parallel::ParamOptions& options) {
@@ -46,7 +66,8 @@ TextMlp::TextMlp(const TextConfig& c, const parallel::ParamOptions& options) {
 }
 
 at::Tensor TextMlp::forward(const at::Tensor& x) const {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const auto whole = gate_proj->group().enter(x, kSequenceDim);
+  return down_proj->forward(at::silu(gate_proj->forward(whole)) * up_proj->forward(whole), kSequenceDim);
 }
 
 DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& options) {
@@ -64,7 +85,7 @@ at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, con
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 
-TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options) : config(c) {
+TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options) : config(c), tp(options.tp) {
   embed_tokens = register_module("embed_tokens", std::make_shared<parallel::VocabParallelEmbedding>(
                                                      c.vocab_size, c.hidden_size, options));
   auto list = register_module("layers", std::make_shared<nn::ModuleList>());
@@ -80,9 +101,27 @@ at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor&
   auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
   auto sin = angles.sin().unsqueeze(2);
   auto h = inputs_embeds;
+  std::vector<int64_t> cu = cu_seqlens;
+  const int64_t length = h.size(1);
+  const bool split_sequence = tp.sequence_parallel && tp.size() > 1;
+  if (split_sequence) {
+    // Sequence parallelism: each rank keeps one chunk of the tokens between the blocks'
+    // tensor-parallel regions. A length tp does not divide is padded at the end; the padding is
+    // a segment of its own (packed rows) or after every real token (causal rows), so no real
+    // token attends to it, and it is cut off before the final norm.
+    const int64_t padded = (length + tp.size() - 1) / tp.size() * tp.size();
+    if (padded > length) {
+      h = at::constant_pad_nd(h, {0, 0, 0, padded - length});
+      cos = at::constant_pad_nd(cos, {0, 0, 0, 0, 0, padded - length}, 1.0);
+      sin = at::constant_pad_nd(sin, {0, 0, 0, 0, 0, padded - length}, 0.0);
+      if (!cu.empty()) cu.push_back(padded);
+    }
+    h = dist::scatter_to_region(h, tp.comm, kSequenceDim);
+  }
   for (const auto& layer : layers)
     h = nn::run_block(block_runner.get(), *layer, h,
-                      [&](const at::Tensor& x) { return layer->forward(x, cos, sin, cu_seqlens); });
+                      [&](const at::Tensor& x) { return layer->forward(x, cos, sin, cu); });
+  if (split_sequence) h = dist::gather_from_region(h, tp.comm, kSequenceDim).narrow(kSequenceDim, 0, length);
   return norm->forward(h);
 }
 

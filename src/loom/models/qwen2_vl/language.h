@@ -56,6 +56,7 @@ class TextModel : public torch::nn::Module {
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   TextConfig config;
+  parallel::TensorParallelGroup tp;  // the LLM's; with sequence_parallel, blocks see one chunk of the tokens
   // Runs each block when set (FSDP and the like); the blocks run directly when null.
   std::shared_ptr<nn::BlockRunner> block_runner;
 };

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -95,14 +96,20 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
   return {positions, deltas};
 }
 
-Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(const Qwen2VLConfig& c,
-                                                                 const parallel::ParamOptions& options)
+Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
+    const Qwen2VLConfig& c, const parallel::ParamOptions& options,
+    const std::optional<parallel::TensorParallelGroup>& vision_tp)
     : config(c) {
-  visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, options));
+  parallel::ParamOptions vision_options = options;
+  if (vision_tp) vision_options.tp = *vision_tp;
+  visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, vision_options));
   model = register_module("model", std::make_shared<TextModel>(c.text, options));
-  if (!c.text.tie_word_embeddings)
+  if (!c.text.tie_word_embeddings) {
+    parallel::ParamOptions head = options;  // after the final norm: whole sequences
+    head.tp.sequence_parallel = false;
     lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
-                                             c.text.hidden_size, c.text.vocab_size, false, options));
+                                             c.text.hidden_size, c.text.vocab_size, false, head));
+  }
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,
@@ -129,8 +136,14 @@ at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageIn
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {
-  if (lm_head) return lm_head->forward(hidden);
-  return at::linear(hidden, model->embed_tokens->weight);
+  // Every rank multiplies the whole hidden states by its vocabulary rows.
+  const auto whole = dist::copy_to_region(hidden, model->tp.comm);
+  if (lm_head) return lm_head->forward(whole);
+  return at::linear(whole, model->embed_tokens->weight);
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::whole_logits(const at::Tensor& hidden) const {
+  return dist::gather_from_region(logits(hidden), model->tp.comm, -1);
 }
 
 double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t>& sequence_lengths,

@@ -5,6 +5,7 @@
 #include <torch/nn/module.h>
 
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -41,14 +42,21 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
 
 class Qwen2VLForConditionalGeneration : public torch::nn::Module {
  public:
-  Qwen2VLForConditionalGeneration(const Qwen2VLConfig& config, const parallel::ParamOptions& options);
+  // The vision tower is split over `vision_tp` when given, otherwise over options.tp like the LLM.
+  Qwen2VLForConditionalGeneration(
+      const Qwen2VLConfig& config, const parallel::ParamOptions& options,
+      const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
 
   // Vision embeddings after the merger: (patches/4, hidden).
   at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
   // Final hidden states (B, L, hidden) after the last norm.
   at::Tensor hidden_states(const VisionLanguageInputs& inputs) const;
-  // LM head: (..., hidden) -> (..., vocab).
+  // LM head: (..., hidden) -> (..., vocab / tp), this rank's slice of the vocabulary (from
+  // vocab_start()); all of it at tp 1. whole_logits() gathers the slices.
   at::Tensor logits(const at::Tensor& hidden) const;
+  at::Tensor whole_logits(const at::Tensor& hidden) const;
+  int64_t vocab_start() const { return model->embed_tokens->vocab_start(); }
+  const parallel::TensorParallelGroup& llm_tp() const { return model->tp; }
   at::Tensor forward(const VisionLanguageInputs& inputs) const { return logits(hidden_states(inputs)); }
 
   // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.

@@ -1,5 +1,6 @@
 #include "loom/models/qwen2_vl/vision.h"
 
+#include "loom/dist/mappings.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
@@ -11,6 +12,17 @@ namespace {
 
 constexpr double kVisionNormEps = 1e-6;
 constexpr double kVisionRopeTheta = 10000.0;
+constexpr int64_t kSequenceDim = 0;  // patches are rows: (N, width)
+
+int64_t vision_heads_per_rank(const VisionConfig& c, const parallel::ParamOptions& options) {
+  const int64_t tp = options.tp.size();
+  if (c.num_heads % tp != 0)
+    throw ConfigError(
+        fmt::format("parallel.vision_tp={}: the vision tower's {} attention heads do not split evenly over "
+                    "the tensor-parallel ranks",
+                    tp, c.num_heads));
+  return c.num_heads / tp;
+}
 
 std::shared_ptr<torch::nn::Module> make_norm(bool rms, int64_t dim, const parallel::ParamOptions& options) {
   if (rms) return std::make_shared<nn::RMSNorm>(dim, kVisionNormEps, options);
@@ -38,22 +50,24 @@ at::Tensor PatchEmbed::forward(const at::Tensor& pixel_rows) const {
 }
 
 VisionAttention::VisionAttention(const VisionConfig& c, const parallel::ParamOptions& options)
-    : num_heads(c.num_heads) {
+    : num_heads(vision_heads_per_rank(c, options)) {
+  // Fused [q; k; v] rows: each rank takes its heads' rows of each of the three.
   qkv = register_module(
-      "qkv", std::make_shared<parallel::ColumnParallelLinear>(c.width, 3 * c.width, true, options));
+      "qkv", std::make_shared<parallel::ColumnParallelLinear>(c.width, 3 * c.width, true, options, 3));
   proj =
       register_module("proj", std::make_shared<parallel::RowParallelLinear>(c.width, c.width, true, options));
 }
 
 at::Tensor VisionAttention::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
                                     const at::Tensor& cos, const at::Tensor& sin) const {
-  const int64_t n = x.size(0);
-  auto qkv_out = qkv->forward(x).view({n, 3, num_heads, -1});  // (N, 3, H, D), laid out [q|k|v]
-  auto q = nn::apply_rotary(qkv_out.select(1, 0), cos, sin);   // (N, H, D)
+  const auto whole = qkv->group().enter(x, kSequenceDim);
+  const int64_t n = whole.size(0);
+  auto qkv_out = qkv->forward(whole).view({n, 3, num_heads, -1});  // (N, 3, H, D), laid out [q|k|v]
+  auto q = nn::apply_rotary(qkv_out.select(1, 0), cos, sin);       // (N, H, D)
   auto k = nn::apply_rotary(qkv_out.select(1, 1), cos, sin);
   auto v = qkv_out.select(1, 2);
   auto out = nn::segment_attention(q, k, v, cu_seqlens);  // (N, H, D)
-  return proj->forward(out.reshape({n, -1}));
+  return proj->forward(out.reshape({n, -1}), kSequenceDim);
 }
 
 VisionMlp::VisionMlp(const VisionConfig& c, const parallel::ParamOptions& options) {
@@ -74,10 +88,11 @@ VisionMlp::VisionMlp(const VisionConfig& c, const parallel::ParamOptions& option
 
 at::Tensor VisionMlp::forward(const at::Tensor& x) const {
   if (fc1) {
-    auto h = fc1->forward(x);
-    return fc2->forward(h * at::sigmoid(1.702 * h));  // QuickGELU
+    auto h = fc1->forward(fc1->group().enter(x, kSequenceDim));
+    return fc2->forward(h * at::sigmoid(1.702 * h), kSequenceDim);  // QuickGELU
   }
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x));
+  const auto whole = gate_proj->group().enter(x, kSequenceDim);
+  return down_proj->forward(at::silu(gate_proj->forward(whole)) * up_proj->forward(whole), kSequenceDim);
 }
 
 VisionBlock::VisionBlock(const VisionConfig& c, const parallel::ParamOptions& options)
@@ -100,17 +115,20 @@ at::Tensor VisionBlock::forward(const at::Tensor& x, const std::vector<int64_t>&
 
 PatchMerger::PatchMerger(const VisionConfig& c, const parallel::ParamOptions& options)
     : rms_(c.family == VisionFamily::qwen2_5_vl), merged_width_(c.merged_width()) {
-  ln_q = register_module("ln_q", make_norm(rms_, c.width, options));
+  // The merger runs on whole sequences: sequence parallelism ends before it.
+  parallel::ParamOptions whole = options;
+  whole.tp.sequence_parallel = false;
+  ln_q = register_module("ln_q", make_norm(rms_, c.width, whole));
   auto mlp = register_module("mlp", std::make_shared<nn::ModuleList>());
   fc_in = mlp->add(
-      "0", std::make_shared<parallel::ColumnParallelLinear>(merged_width_, merged_width_, true, options));
+      "0", std::make_shared<parallel::ColumnParallelLinear>(merged_width_, merged_width_, true, whole));
   fc_out =
-      mlp->add("2", std::make_shared<parallel::RowParallelLinear>(merged_width_, c.out_width, true, options));
+      mlp->add("2", std::make_shared<parallel::RowParallelLinear>(merged_width_, c.out_width, true, whole));
 }
 
 at::Tensor PatchMerger::forward(const at::Tensor& x) const {
   auto h = apply_norm(rms_, *ln_q, x).reshape({-1, merged_width_});  // 4 consecutive rows = one 2x2 unit
-  return fc_out->forward(at::gelu(fc_in->forward(h)));
+  return fc_out->forward(at::gelu(fc_in->forward(fc_in->group().enter(h, kSequenceDim))), kSequenceDim);
 }
 
 std::vector<int64_t> vision_frame_cu_seqlens(const at::Tensor& grid_thw) {
@@ -155,7 +173,7 @@ WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& 
 }
 
 VisionTransformer::VisionTransformer(const VisionConfig& c, const parallel::ParamOptions& options)
-    : config(c) {
+    : config(c), tp(options.tp) {
   patch_embed = register_module("patch_embed", std::make_shared<PatchEmbed>(c, options));
   auto list = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.depth; ++i)
@@ -187,16 +205,33 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
   }
   auto cos = angles.cos().unsqueeze(1);  // (N, 1, D)
   auto sin = angles.sin().unsqueeze(1);
+  auto full_cu = frame_cu, window_cu = windows.cu_window_seqlens;
+  const bool split_sequence = tp.sequence_parallel && tp.size() > 1;
+  if (split_sequence) {
+    // Sequence parallelism: each rank keeps one chunk of the patches between the blocks'
+    // tensor-parallel regions; a count tp does not divide is padded with a segment of its own.
+    const int64_t padded = (n + tp.size() - 1) / tp.size() * tp.size();
+    if (padded > n) {
+      hidden = at::constant_pad_nd(hidden, {0, 0, 0, padded - n});
+      cos = at::constant_pad_nd(cos, {0, 0, 0, 0, 0, padded - n}, 1.0);
+      sin = at::constant_pad_nd(sin, {0, 0, 0, 0, 0, padded - n}, 0.0);
+      full_cu.push_back(padded);
+      if (windowed) window_cu.push_back(padded);
+    }
+    hidden = dist::scatter_to_region(hidden, tp.comm, kSequenceDim);
+  }
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool full =
         !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
                                 static_cast<int64_t>(i)) > 0;
     // Full attention after window reordering: frames stay contiguous because windows never
     // cross frames and are emitted frame by frame.
-    const auto& cu = full ? frame_cu : windows.cu_window_seqlens;
+    const auto& cu = full ? full_cu : window_cu;
     hidden = nn::run_block(block_runner.get(), *blocks[i], hidden,
                            [&](const at::Tensor& h) { return blocks[i]->forward(h, cu, cos, sin); });
   }
+  if (split_sequence)
+    hidden = dist::gather_from_region(hidden, tp.comm, kSequenceDim).narrow(kSequenceDim, 0, n);
   auto merged = merger->forward(hidden);  // (N/4, out_width)
   if (windowed) merged = merged.index_select(0, at::argsort(windows.unit_order));
   return merged;

@@ -92,6 +92,8 @@ class VisionTransformer : public torch::nn::Module {
   std::vector<std::shared_ptr<VisionBlock>> blocks;
   std::shared_ptr<PatchMerger> merger;
   VisionConfig config;
+  parallel::TensorParallelGroup
+      tp;  // the tower's; with sequence_parallel, blocks see one chunk of the patches
   // Runs each block when set (FSDP and the like); the blocks run directly when null.
   std::shared_ptr<nn::BlockRunner> block_runner;
 };

@@ -1,0 +1,154 @@
+#include "loom/dist/mappings.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+
+#include <functional>
+#include <string>
+#include <utility>
+
+#include "loom/util/errors.h"
+
+namespace loom::dist {
+namespace {
+
+using Transform = std::function<at::Tensor(const at::Tensor&)>;
+
+// The backward node of one mapping: the gradient of its output, transformed into its input's.
+class MappingBackward : public torch::autograd::Node {
+ public:
+  MappingBackward(std::string name, Transform backward)
+      : name_(std::move(name)), backward_(std::move(backward)) {}
+  torch::autograd::variable_list apply(torch::autograd::variable_list&& grads) override {
+    if (!grads.at(0).defined()) return {at::Tensor()};
+    return {backward_(grads[0])};
+  }
+  std::string name() const override { return name_; }
+
+ private:
+  std::string name_;
+  Transform backward_;
+};
+
+bool trivial(const std::shared_ptr<Comm>& group) { return !group || group->size() == 1; }
+
+// Runs `forward` on x outside autograd and, when x needs a gradient, makes its result an output
+// of a node whose backward is `backward`.
+at::Tensor mapped(const char* name, const at::Tensor& x, const Transform& forward, Transform backward) {
+  at::Tensor y;
+  {
+    at::NoGradGuard no_grad;
+    y = forward(x.detach());
+  }
+  if (!x.requires_grad() || !at::GradMode::is_enabled()) return y;
+  std::shared_ptr<MappingBackward> node(new MappingBackward(name, std::move(backward)),
+                                        torch::autograd::deleteNode);
+  node->set_next_edges(torch::autograd::collect_next_edges(x));
+  torch::autograd::set_history(y, node);
+  return y;
+}
+
+int64_t normalized_dim(const at::Tensor& x, int64_t dim) { return dim < 0 ? dim + x.dim() : dim; }
+
+void check_chunks(const at::Tensor& x, const Comm& group, int64_t dim, const char* what) {
+  if (dim < 0 || dim >= x.dim() || x.size(dim) % group.size() != 0)
+    throw DistributedError(
+        fmt::format("{}: dimension {} of a [{}] tensor does not split into {} equal chunks", what, dim,
+                    fmt::join(x.sizes(), ", "), group.size()));
+}
+
+at::Tensor own_chunk(const at::Tensor& x, const Comm& group, int64_t dim) {
+  check_chunks(x, group, dim, "scatter");
+  return x.chunk(group.size(), dim)[group.rank()].contiguous();
+}
+
+at::Tensor all_reduced(const at::Tensor& x, Comm& group) {
+  at::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
+  group.all_reduce_sum({sum});
+  return sum;
+}
+
+}  // namespace
+
+at::Tensor all_gather_along(const at::Tensor& x, Comm& group, int64_t dim) {
+  dim = normalized_dim(x, dim);
+  const at::Tensor piece = x.contiguous();
+  at::Tensor gathered = at::empty({group.size() * piece.numel()}, piece.options());
+  group.all_gather_flat(piece.view({-1}), gathered);
+  std::vector<int64_t> stacked{group.size()};
+  stacked.insert(stacked.end(), piece.sizes().begin(), piece.sizes().end());
+  std::vector<int64_t> whole = piece.sizes().vec();
+  whole[dim] *= group.size();
+  // (ranks, ..., d, ...) -> (..., ranks, d, ...): rank-major along dim.
+  return gathered.view(stacked).movedim(0, dim).reshape(whole);
+}
+
+at::Tensor reduce_scatter_along(const at::Tensor& x, Comm& group, int64_t dim) {
+  dim = normalized_dim(x, dim);
+  check_chunks(x, group, dim, "reduce-scatter");
+  // Gloo in libtorch 1.13 cannot sum bf16 or half: they are summed in fp32.
+  const bool widen = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
+  const at::Tensor full = widen ? x.to(at::kFloat) : x;
+  std::vector<int64_t> split = full.sizes().vec();
+  split[dim] /= group.size();
+  split.insert(split.begin() + dim, group.size());
+  // (..., ranks * c, ...) -> (ranks, ..., c, ...), contiguous: rank r's chunk is block r.
+  const at::Tensor blocks = full.reshape(split).movedim(dim, 0).contiguous();
+  std::vector<int64_t> mine = full.sizes().vec();
+  mine[dim] /= group.size();
+  at::Tensor out = at::empty({blocks.numel() / group.size()}, blocks.options());
+  group.reduce_scatter_sum(blocks.view({-1}), out);
+  out = out.view(mine);
+  return widen ? out.to(x.scalar_type()) : out;
+}
+
+at::Tensor copy_to_region(const at::Tensor& x, const std::shared_ptr<Comm>& group) {
+  if (trivial(group)) return x;
+  return mapped(
+      "CopyToRegion", x, [](const at::Tensor& t) { return t; },
+      [group](const at::Tensor& g) { return all_reduced(g, *group); });
+}
+
+at::Tensor reduce_from_region(const at::Tensor& x, const std::shared_ptr<Comm>& group) {
+  if (trivial(group)) return x;
+  return mapped(
+      "ReduceFromRegion", x, [group](const at::Tensor& t) { return all_reduced(t, *group); },
+      [](const at::Tensor& g) { return g; });
+}
+
+at::Tensor scatter_to_region(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t dim) {
+  if (trivial(group)) return x;
+  dim = normalized_dim(x, dim);
+  return mapped(
+      "ScatterToRegion", x, [group, dim](const at::Tensor& t) { return own_chunk(t, *group, dim); },
+      [group, dim](const at::Tensor& g) { return all_gather_along(g, *group, dim); });
+}
+
+at::Tensor gather_from_region(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t dim) {
+  if (trivial(group)) return x;
+  dim = normalized_dim(x, dim);
+  return mapped(
+      "GatherFromRegion", x, [group, dim](const at::Tensor& t) { return all_gather_along(t, *group, dim); },
+      [group, dim](const at::Tensor& g) { return own_chunk(g, *group, dim); });
+}
+
+at::Tensor gather_from_sequence_region(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t dim) {
+  if (trivial(group)) return x;
+  dim = normalized_dim(x, dim);
+  return mapped(
+      "GatherFromSequenceRegion", x,
+      [group, dim](const at::Tensor& t) { return all_gather_along(t, *group, dim); },
+      [group, dim](const at::Tensor& g) { return reduce_scatter_along(g, *group, dim); });
+}
+
+at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, const std::shared_ptr<Comm>& group,
+                                             int64_t dim) {
+  if (trivial(group)) return x;
+  dim = normalized_dim(x, dim);
+  return mapped(
+      "ReduceScatterToSequenceRegion", x,
+      [group, dim](const at::Tensor& t) { return reduce_scatter_along(t, *group, dim); },
+      [group, dim](const at::Tensor& g) { return all_gather_along(g, *group, dim); });
+}
+
+}  // namespace loom::dist
