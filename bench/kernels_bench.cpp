@@ -1,14 +1,16 @@
 // Fused kernels against their composite references (Google Benchmark): attention forward +
 // backward, causal, at seq 4096 and head_dim 128, and over 8 packed samples of the same total
-// length (varlen: the work follows the sum of squared sample lengths). Counters: tokens/s, and the
+// length (varlen: the work follows the sum of squared sample lengths); RMSNorm, SwiGLU and the
+// rotary embedding, forward + backward, on 8192 rows. Counters: tokens/s, and the
 // bytes each keeps besides its inputs and outputs (the composite's score and probability matrices;
 // flash attention's per-query log-sum-exp and softmax correction, O(seq)).
 //
-//   build/loom_bench_kernels [--benchmark_filter=Attention]
+//   OPENBLAS_CORETYPE=SkylakeX build/loom_bench_kernels [--benchmark_filter=Attention]
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
 #include "loom/kernels/attention.h"
+#include "loom/kernels/pointwise.h"
 
 namespace {
 
@@ -59,6 +61,70 @@ BENCHMARK_TEMPLATE(Attention, false)
     ->Arg(8)
     ->Unit(benchmark::kMillisecond)
     ->MinTime(2.0);
+
+// Row-wise kernels, forward + backward, fused against composite. Counters: bytes_per_s counts one
+// read of each input and one write of each output per pass (what a single fused pass moves).
+constexpr int64_t kRows = 8192, kWidth = 1024;
+
+template <bool Fused>
+void RmsNorm(benchmark::State& state) {
+  at::manual_seed(0);
+  auto x = at::randn({kRows, kWidth}).set_requires_grad(true);
+  auto w = (at::rand({kWidth}) + 0.5).set_requires_grad(true);
+  auto grad = at::randn({kRows, kWidth});
+  for (auto _ : state) {
+    auto y = Fused ? loom::kernels::rms_norm(x, w, 1e-6) : loom::kernels::rms_norm_composite(x, w, 1e-6);
+    y.backward(grad);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    x.mutable_grad() = w.mutable_grad() = at::Tensor();
+  }
+  // Forward reads x, writes y; backward reads x and dy, writes dx.
+  state.counters["bytes_per_s"] =
+      benchmark::Counter(5.0 * kRows * kWidth * 4, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <bool Fused>
+void Swiglu(benchmark::State& state) {
+  at::manual_seed(0);
+  auto g = at::randn({kRows, kWidth}).set_requires_grad(true);
+  auto u = at::randn({kRows, kWidth}).set_requires_grad(true);
+  auto grad = at::randn({kRows, kWidth});
+  for (auto _ : state) {
+    auto y = Fused ? loom::kernels::swiglu(g, u) : loom::kernels::swiglu_composite(g, u);
+    y.backward(grad);
+    benchmark::DoNotOptimize(g.grad().data_ptr());
+    g.mutable_grad() = u.mutable_grad() = at::Tensor();
+  }
+  // Forward reads g, u, writes y; backward reads g, u, dy, writes dg, du.
+  state.counters["bytes_per_s"] =
+      benchmark::Counter(8.0 * kRows * kWidth * 4, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+template <bool Fused>
+void Rotary(benchmark::State& state) {
+  at::manual_seed(0);
+  constexpr int64_t kHeadsRope = 8, kDimRope = 128;
+  auto x = at::randn({kRows, kHeadsRope, kDimRope}).set_requires_grad(true);
+  auto half = at::rand({kRows, 1, kDimRope / 2}) * 6;
+  auto angle = at::cat({half, half}, -1);
+  auto cos = angle.cos(), sin = angle.sin();
+  auto grad = at::randn({kRows, kHeadsRope, kDimRope});
+  for (auto _ : state) {
+    auto y = Fused ? loom::kernels::rotary(x, cos, sin) : loom::kernels::rotary_composite(x, cos, sin);
+    y.backward(grad);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    x.mutable_grad() = at::Tensor();
+  }
+  state.counters["bytes_per_s"] = benchmark::Counter(4.0 * kRows * kHeadsRope * kDimRope * 4,
+                                                     benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_TEMPLATE(RmsNorm, true)->Name("RmsNorm/fused")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(RmsNorm, false)->Name("RmsNorm/composite")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(Swiglu, true)->Name("Swiglu/fused")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(Swiglu, false)->Name("Swiglu/composite")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(Rotary, true)->Name("Rotary/fused")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(Rotary, false)->Name("Rotary/composite")->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

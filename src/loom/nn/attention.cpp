@@ -14,8 +14,8 @@ namespace {
 std::atomic<bool> fused{true};
 }  // namespace
 
-void set_fused_attention(bool on) { fused = on; }
-bool fused_attention() { return fused; }
+void set_fused_kernels(bool on) { fused = on; }
+bool fused_kernels() { return fused; }
 
 namespace {
 

@@ -8,11 +8,10 @@
 
 #include <vector>
 
+#include "loom/nn/fused.h"
+
 namespace loom::nn {
 
-// Process-wide switch for the fused attention kernel (the trainer sets it from the job).
-void set_fused_attention(bool on);
-bool fused_attention();
 constexpr int64_t kFlashMinLength = 128;
 
 // Attention restricted to segments [cu[i], cu[i+1]) of the token axis: bidirectional for the

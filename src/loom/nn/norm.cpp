@@ -1,5 +1,8 @@
 #include "loom/nn/norm.h"
 
+#include "loom/kernels/pointwise.h"
+#include "loom/nn/fused.h"
+
 namespace loom::nn {
 
 LayerNorm::LayerNorm(int64_t dim, double eps_, const parallel::ParamOptions& options) : eps(eps_) {
@@ -20,9 +23,7 @@ RMSNorm::RMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
-  auto x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));  // statistics in at least fp32
-  auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
-  return weight * normed.to(x.scalar_type());
+  return fused_kernels() ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
 }
 
 }  // namespace loom::nn

@@ -1,5 +1,7 @@
 #include "loom/nn/rope.h"
 
+#include "loom/kernels/pointwise.h"
+#include "loom/nn/fused.h"
 #include "loom/util/errors.h"
 
 namespace loom::nn {
@@ -59,10 +61,7 @@ at::Tensor mrope_angles(const at::Tensor& position_ids, int64_t head_dim, double
 }
 
 at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  auto x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));
-  const int64_t half = x.size(-1) / 2;
-  auto rotated = at::cat({-x32.narrow(-1, half, half), x32.narrow(-1, 0, half)}, -1);
-  return (x32 * cos + rotated * sin).to(x.scalar_type());
+  return fused_kernels() ? kernels::rotary(x, cos, sin) : kernels::rotary_composite(x, cos, sin);
 }
 
 }  // namespace loom::nn

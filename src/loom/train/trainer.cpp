@@ -137,7 +137,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     : job_(std::move(job)), comm_(std::move(comm)) {
   const auto& t = job_.training;
   model_config_ = job_model_config(job_);
-  nn::set_fused_attention(job_.features.fused_kernels);
+  nn::set_fused_kernels(job_.features.fused_kernels);
   const int64_t world = comm_ ? comm_->size() : 1;
   validate_layout(job_, model_config_, world);
   // cp and pp are 1 (validate_parallel refuses the rest): the ranks are tp x dp.

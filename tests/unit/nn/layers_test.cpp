@@ -94,10 +94,10 @@ TEST(SegmentAttention, LongSegmentsTakeTheFlashKernelWithTheSameResult) {
   auto padded_q = at::randn({2, 130, 4, 16}).set_requires_grad(true);
   auto padded_k = at::randn({2, 130, 2, 16}), padded_v = at::randn({2, 130, 2, 16}),
        pw = at::randn({2, 130, 4, 16});
-  ASSERT_TRUE(fused_attention());
+  ASSERT_TRUE(fused_kernels());
   std::vector<at::Tensor> results;
   for (bool fused : {true, false}) {
-    set_fused_attention(fused);
+    set_fused_kernels(fused);
     for (bool causal : {false, true}) {
       auto out = segment_attention(q, k, v, {0, 140, 300}, causal);
       results.push_back(out);
@@ -108,7 +108,7 @@ TEST(SegmentAttention, LongSegmentsTakeTheFlashKernelWithTheSameResult) {
     results.push_back(out);
     results.push_back(grad_of(out, pw, padded_q));
   }
-  set_fused_attention(true);
+  set_fused_kernels(true);
   const size_t half = results.size() / 2;
   for (size_t i = 0; i < half; ++i)
     EXPECT_TRUE(results[i].allclose(results[half + i], 1e-5, 1e-5)) << "result " << i;

@@ -1,6 +1,7 @@
 #include "loom/models/qwen2_vl/language.h"
 
 #include "loom/dist/mappings.h"
+#include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
@@ -67,7 +68,7 @@ TextMlp::TextMlp(const TextConfig& c, const parallel::ParamOptions& options) {
 
 at::Tensor TextMlp::forward(const at::Tensor& x) const {
   const auto whole = gate_proj->group().enter(x, kSequenceDim);
-  return down_proj->forward(at::silu(gate_proj->forward(whole)) * up_proj->forward(whole), kSequenceDim);
+  return down_proj->forward(nn::swiglu(gate_proj->forward(whole), up_proj->forward(whole)), kSequenceDim);
 }
 
 DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& options) {

@@ -1,6 +1,7 @@
 #include "loom/models/qwen2_vl/vision.h"
 
 #include "loom/dist/mappings.h"
+#include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
@@ -92,7 +93,7 @@ at::Tensor VisionMlp::forward(const at::Tensor& x) const {
     return fc2->forward(h * at::sigmoid(1.702 * h), kSequenceDim);  // QuickGELU
   }
   const auto whole = gate_proj->group().enter(x, kSequenceDim);
-  return down_proj->forward(at::silu(gate_proj->forward(whole)) * up_proj->forward(whole), kSequenceDim);
+  return down_proj->forward(nn::swiglu(gate_proj->forward(whole), up_proj->forward(whole)), kSequenceDim);
 }
 
 VisionBlock::VisionBlock(const VisionConfig& c, const parallel::ParamOptions& options)
