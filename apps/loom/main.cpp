@@ -148,13 +148,18 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
   if (launch.world_size > 1) {
     for (const auto& [what, count] :
          {std::pair<const char*, int64_t>{"attention heads", config.text.num_heads},
-          {"kv heads", config.text.num_kv_heads},
           {"vision attention heads", config.vision.num_heads},
           {"vocabulary rows", config.text.vocab_size}})
       if (count % launch.world_size != 0)
         throw ConfigError(
             fmt::format("forward: {} ranks (tensor parallelism) do not divide the model's {} {}",
                         launch.world_size, count, what));
+    const int64_t kv = config.text.num_kv_heads;
+    if (kv % launch.world_size != 0 && launch.world_size % kv != 0)
+      throw ConfigError(fmt::format(
+          "forward: {} ranks (tensor parallelism) neither divide the model's {} kv heads nor are a multiple "
+          "of them",
+          launch.world_size, kv));
     model_options.tp = {dist::Comm::connect(launch, std::chrono::seconds(300)), sequence_parallel};
   } else if (sequence_parallel) {
     throw ConfigError("forward: --sequence-parallel needs several ranks (loom run -n N -- loom forward ...)");

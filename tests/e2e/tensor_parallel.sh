@@ -2,11 +2,13 @@
 # the tiny shapes job (same seed and global batch, 20 fp32 steps; one process runs 4 micro-batches
 # a step, the parallel runs 2 per rank): tp=2; tp=2 with sequence parallelism (packed rows whose
 # length 2 does not always divide, so the padding path runs); tp=2 x dp=2 on 4 ranks; the vision
-# tower whole (vision_tp=1) beside
-# an LLM at tp=2, with and without sequence parallelism. Each gives the single-process loss at
-# every step within 1e-5 relative and its step-1 gradients (tools.dump_gradients, gathered whole)
-# within 1e-5. Checkpoints: tp=2 writes the same tensor names, dtypes and shapes as tp=1 (model and
-# optimizer state); a tp=2 checkpoint resumes at tp=1, and a tp=1 checkpoint at tp=2 with sequence
+# tower whole (vision_tp=1) beside an LLM at tp=2, with and without sequence parallelism; tp=4
+# over the LLM's 2 kv heads (each replicated on 2 ranks; the vision tower whole); one kv head at
+# tp=2 with sequence parallelism (against a one-kv-head single process). Each gives the
+# single-process loss at every step within 1e-5 relative, its step-1 gradients
+# (tools.dump_gradients, gathered whole) within 1e-5 and its step-20 weights within 1e-4.
+# Checkpoints: tp=2 writes the same tensor names, dtypes and shapes as tp=1 (model and optimizer
+# state); a tp=2 checkpoint resumes at tp=1, and a tp=1 checkpoint at tp=2 with sequence
 # parallelism, with the single-process losses after it; `loom forward` at tp=1 and at tp=2 on a
 # tp=2 checkpoint gives the same logits, and at tp=2 on HuggingFace's tiny Qwen2-VL gives
 # HuggingFace's logits. The per-rank parameter bytes of tp=2 are printed beside tp=1's.
@@ -30,6 +32,13 @@ tp_run tp2_dp2 4 --set parallel.tp=2
 tp_run vision_tp1 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set training.micro_batch_size=8
 tp_run vision_tp1_sp 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set parallel.sequence_parallel=true \
   --set training.micro_batch_size=8
+# tp=4 over the LLM's 2 kv heads: each kv head replicated on the 2 ranks whose query heads read it.
+tp_run tp4_kv_replicated 4 --set parallel.tp=4 --set parallel.vision_tp=1 --set training.micro_batch_size=8
+# One kv head (multi-query attention) at tp=2 with sequence parallelism, against its own single process.
+small_job "${common[@]}" --set training.micro_batch_size=4 --set model.hf_config.num_key_value_heads=1 \
+  --set training.output_dir="$WORK/one_kv1" > "$WORK/one_kv1.log" 2>&1 || { cat "$WORK/one_kv1.log"; fail "one_kv1"; }
+tp_run tp2_sp_kv1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8 \
+  --set model.hf_config.num_key_value_heads=1
 grep -q "^\[rank 0\] .*tensor parallelism (tp=2, sequence parallel): this rank holds" "$WORK/tp2_sp.log" ||
   { cat "$WORK/tp2_sp.log"; fail "no tensor-parallel memory report"; }
 # Resumes across layouts: the tp=2 checkpoint of step 10 at tp=1, the tp=1 one at tp=2 + SP.
@@ -49,10 +58,12 @@ import re, sys
 work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 import runs
-one = runs.steps(f"{work}/one/metrics.jsonl")
-assert sorted(one) == list(range(1, 21)), sorted(one)
-grads = runs.tensors(f"{work}/one/gradients/step-00000001.safetensors")
-for name in ("tp2", "tp2_sp", "tp2_dp2", "vision_tp1", "vision_tp1_sp", "resumed_tp1", "resumed_tp2_sp"):
+for name in ("tp2", "tp2_sp", "tp2_dp2", "vision_tp1", "vision_tp1_sp", "tp4_kv_replicated", "tp2_sp_kv1",
+             "resumed_tp1", "resumed_tp2_sp"):
+    reference = "one_kv1" if name.endswith("kv1") else "one"
+    one = runs.steps(f"{work}/{reference}/metrics.jsonl")
+    assert sorted(one) == list(range(1, 21)), sorted(one)
+    grads = runs.tensors(f"{work}/{reference}/gradients/step-00000001.safetensors")
     run = runs.steps(f"{work}/{name}/metrics.jsonl")
     expected = range(11, 21) if name.startswith("resumed") else range(1, 21)
     assert sorted(run) == list(expected), (name, sorted(run))
@@ -67,6 +78,13 @@ for name in ("tp2", "tp2_sp", "tp2_dp2", "vision_tp1", "vision_tp1_sp", "resumed
         assert all(len(theirs[k]) == len(grads[k]) for k in grads), name
         assert diff <= 1e-5, (name, diff)
         line += f"; step-1 gradients of {len(grads)} tensors within {diff:.1e} (largest gradient {scale:.2f})"
+    # The weights each layout saved after step 20, gathered whole.
+    mine = runs.tensors(f"{work}/{name}/step-00000020/model.safetensors")
+    theirs = runs.tensors(f"{work}/{reference}/step-00000020/model.safetensors")
+    assert sorted(mine) == sorted(theirs), name
+    weights = max(max(abs(a - b) for a, b in zip(mine[k], theirs[k])) for k in mine)
+    assert weights <= 1e-4, (name, weights)  # 20 Adam steps amplify summation-order differences
+    line += f"; step-20 weights within {weights:.1e}"
     print(line)
 # A tp=2 checkpoint is the same file set, names, dtypes and shapes as a tp=1 one.
 for step in ("step-00000010", "step-00000020"):

@@ -85,11 +85,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
 
   // The layout is sound; now refuse what this build cannot run rather than ignore it.
   const char* kUnavailable = "is not available in this version of Loom";
-  if (p.tp > dims.llm_kv_heads)
-    fail(
-        fmt::format("parallel.tp={}: more tensor-parallel ranks than the model's {} kv heads needs the kv "
-                    "heads replicated over the ranks, which {}",
-                    p.tp, dims.llm_kv_heads, kUnavailable));
   if (p.tp > 1 && p.zero != 0)
     fail(fmt::format("parallel.zero={}: ZeRO and FSDP with tensor parallelism (tp={}) {}", p.zero, p.tp,
                      kUnavailable));

@@ -35,17 +35,20 @@ at::Tensor ShardLayout::slice(const at::Tensor& whole) const {
 
 at::Tensor ShardLayout::gather(const at::Tensor& local) const {
   if (!split()) return local;
-  if (!comm || comm->size() != chunks)
+  if (!comm || comm->size() % chunks != 0)
     throw ModelError(fmt::format("a parameter cut into {} slices cannot be gathered over a group of {} ranks",
                                  chunks, comm ? comm->size() : 1));
-  // Rank order along dim: (chunks, parts, piece); the whole tensor is (parts, chunks, piece).
+  // Rank order along dim: (ranks, parts, piece), of which every replicas()-th rank holds the next
+  // chunk; the whole tensor is (parts, chunks, piece).
   const at::Tensor ranks = dist::all_gather_along(local, *comm, dim);
   std::vector<int64_t> split_shape = ranks.sizes().vec();
   const int64_t piece = local.size(dim) / parts;
   split_shape[dim] = piece;
   split_shape.insert(split_shape.begin() + dim, parts);
-  split_shape.insert(split_shape.begin() + dim, chunks);
-  return ranks.reshape(split_shape).transpose(dim, dim + 1).reshape(whole_shape(local.sizes()));
+  split_shape.insert(split_shape.begin() + dim, comm->size());
+  at::Tensor blocks = ranks.reshape(split_shape);
+  if (replicas() > 1) blocks = blocks.index_select(dim, at::arange(0, comm->size(), replicas(), at::kLong));
+  return blocks.transpose(dim, dim + 1).reshape(whole_shape(local.sizes()));
 }
 
 std::vector<int64_t> ShardLayout::whole_shape(at::IntArrayRef local) const {
@@ -65,12 +68,13 @@ int64_t split_size(int64_t features, int64_t blocks, const TensorParallelGroup& 
   return features / group.size();
 }
 
-ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1) {
+ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1,
+                         int64_t chunks = 0) {
   ShardLayout layout;
   layout.dim = dim;
   layout.parts = parts;
-  layout.chunks = group.size();
-  layout.chunk = group.rank();
+  layout.chunks = chunks > 0 ? chunks : group.size();
+  layout.chunk = group.rank() / (group.size() / layout.chunks);
   layout.comm = group.comm;
   return layout;
 }
@@ -78,9 +82,18 @@ ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t 
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool with_bias,
-                                           const ParamOptions& options, int64_t parts)
-    : group_(options.tp), parts_(parts) {
-  const int64_t local = split_size(out_features, parts, group_, "ColumnParallelLinear", "output features");
+                                           const ParamOptions& options, int64_t parts, int64_t chunks)
+    : group_(options.tp), parts_(parts), chunks_(chunks > 0 ? chunks : options.tp.size()) {
+  if (group_.size() % chunks_ != 0)
+    throw ModelError(
+        fmt::format("ColumnParallelLinear: {} slices cannot be shared by {} tensor-parallel ranks", chunks_,
+                    group_.size()));
+  const int64_t local = chunks_ == group_.size() ? split_size(out_features, parts, group_,
+                                                              "ColumnParallelLinear", "output features")
+                                                 : out_features / chunks_;
+  if (chunks_ != group_.size() && out_features % (parts * chunks_) != 0)
+    throw ModelError(fmt::format("ColumnParallelLinear: {} output features do not split into {} slices",
+                                 out_features, chunks_));
   weight = register_parameter("weight", at::empty({local, in_features}, options.tensor_options()));
   if (with_bias) bias = register_parameter("bias", at::empty({local}, options.tensor_options()));
 }
@@ -88,14 +101,16 @@ ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_feat
 at::Tensor ColumnParallelLinear::forward(const at::Tensor& x, bool gather_output) const {
   auto y = at::linear(x, weight, bias);
   if (!gather_output || group_.size() == 1) return y;
-  if (parts_ != 1)
-    throw ModelError("ColumnParallelLinear: gathering the output of fused blocks is not supported");
+  if (parts_ != 1 || chunks_ != group_.size())
+    throw ModelError(
+        "ColumnParallelLinear: gathering the output of fused blocks or of slices shared by several ranks is "
+        "not supported");
   return dist::gather_from_region(y, group_.comm, -1);
 }
 
 std::map<std::string, ShardLayout> ColumnParallelLinear::layouts() const {
-  std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 0, parts_)}};
-  if (bias.defined()) out["bias"] = split_layout(group_, 0, parts_);
+  std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 0, parts_, chunks_)}};
+  if (bias.defined()) out["bias"] = split_layout(group_, 0, parts_, chunks_);
   return out;
 }
 

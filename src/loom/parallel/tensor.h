@@ -41,7 +41,9 @@ struct ParamOptions {
 
 // How a rank's parameter is cut from the whole tensor: along `dim`, the whole is `parts` fused
 // blocks (vision qkv: q, k, v), each cut into `chunks` equal slices of which this rank holds
-// slice `chunk` of every block. dim < 0: the rank holds the whole tensor.
+// slice `chunk` of every block. dim < 0: the rank holds the whole tensor. With fewer chunks than
+// ranks (kv heads replicated when tp exceeds them), consecutive ranks hold the same slice: rank r
+// holds chunk r / replicas(), and each holds part of its gradient.
 struct ShardLayout {
   int64_t dim = -1;
   int64_t parts = 1;
@@ -53,6 +55,8 @@ struct ShardLayout {
   bool partial_grad = false;
 
   bool split() const { return dim >= 0 && chunks > 1; }
+  // How many ranks hold each slice alike (a model with one kv head: every rank, unsplit).
+  int64_t replicas() const { return dim >= 0 && comm ? comm->size() / chunks : 1; }
   // This rank's slice of `whole`.
   at::Tensor slice(const at::Tensor& whole) const;
   // The whole tensor from every rank's slice (a collective over `comm`; each rank gets it).
@@ -63,10 +67,12 @@ struct ShardLayout {
 
 // y = x W^T + b with W (out, in) split along `out` over the group: each rank holds out/size rows
 // (of each of `parts` fused blocks of out/parts rows, so every rank gets whole heads of q, k and v).
+// `chunks` below the group size (a divisor of it) cuts W into that many slices instead, each held
+// by size/chunks consecutive ranks (kv heads replicated when tp exceeds them); 0: the group size.
 class ColumnParallelLinear : public torch::nn::Module {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options,
-                       int64_t parts = 1);
+                       int64_t parts = 1, int64_t chunks = 0);
   // x: the whole input, as group().enter() returns it (callers reading one input in several
   // layers enter once) -> (..., out/size); with gather_output, every rank's columns in order.
   at::Tensor forward(const at::Tensor& x, bool gather_output = false) const;
@@ -76,7 +82,7 @@ class ColumnParallelLinear : public torch::nn::Module {
 
  private:
   TensorParallelGroup group_;
-  int64_t parts_;
+  int64_t parts_, chunks_;
 };
 
 // y = x W^T + b with W (out, in) split along `in`: each rank holds in/size columns; the partial

@@ -24,24 +24,26 @@ void clip_to(const std::vector<at::Tensor>& grads, double norm, double max_norm)
   }
 }
 
-// The squared 2-norms of params' gradients (fp64, one host sync), summed into [whole, split].
-std::pair<double, double> squared_norms(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
-                                        std::vector<at::Tensor>& grads) {
+// The squared 2-norms of params' gradients (fp64, one host sync), summed into [whole, split]:
+// whole those with share 0 (or no shares given), split the others times their share.
+std::pair<double, double> squared_norms(const std::vector<at::Tensor>& params,
+                                        const std::vector<double>& share, std::vector<at::Tensor>& grads) {
   std::vector<at::Tensor> norms;  // one fp32 scalar per grad
-  std::vector<int64_t> is_split;
+  std::vector<double> shares;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& g = params[i].grad();
     if (!g.defined()) continue;
     grads.push_back(g);
     norms.push_back(at::norm(g, 2, at::kFloat));
-    is_split.push_back(!split.empty() && split[i] ? 1 : 0);
+    shares.push_back(share.empty() ? 0.0 : share[i]);
   }
   if (grads.empty()) return {0.0, 0.0};
   const auto squares = at::stack(norms).to(at::kDouble).pow(2);
-  if (split.empty()) return {squares.sum().item<double>(), 0.0};
-  const auto mask = at::tensor(is_split, at::kLong).to(at::kBool);
+  if (share.empty()) return {squares.sum().item<double>(), 0.0};
+  const auto weights = at::tensor(shares, at::kDouble);
+  const auto whole = weights.eq(0.0);
   const auto sums =
-      at::stack({squares.masked_fill(mask, 0.0).sum(), squares.masked_fill(mask.logical_not(), 0.0).sum()});
+      at::stack({squares.masked_fill(whole.logical_not(), 0.0).sum(), (squares * weights).sum()});
   return {sums[0].item<double>(), sums[1].item<double>()};
 }
 
@@ -56,11 +58,11 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
   return norm;
 }
 
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
                       dist::Comm& group, double max_norm) {
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> grads;
-  const auto [whole, split_sum] = squared_norms(params, split, grads);
+  const auto [whole, split_sum] = squared_norms(params, share, grads);
   auto total = at::tensor({split_sum}, at::kDouble);
   group.all_reduce_sum({total});
   const double norm = std::sqrt(whole + total.item<double>());

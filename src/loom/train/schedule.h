@@ -19,10 +19,11 @@ double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, do
 // max_norm/(norm+1e-6). A non-finite norm is returned without scaling, for the caller to act on.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
-// The same for a model split by tensor parallelism over `group`: split[i] says each rank holds a
-// slice of params[i] (its squared norm is summed over the group); the others are whole and the
-// same on every rank (counted once). Every rank of the group calls it and gets the same norm.
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<bool>& split,
+// The same for a model split by tensor parallelism over `group`: share[i] > 0 says each rank holds
+// a slice of params[i], whose squared norm, times share[i], is summed over the group (1, or 1/n
+// for a slice n ranks hold alike); share 0 is a whole parameter, the same on every rank (counted
+// once). Every rank of the group calls it and gets the same norm.
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
                       dist::Comm& group, double max_norm);
 
 }  // namespace loom::train

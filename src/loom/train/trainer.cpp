@@ -192,7 +192,16 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     const auto layouts = parallel::shard_layouts(*model_);
     for (const auto& p : params) {
       auto it = layouts.find(p.name);
-      tp_split_.push_back(it != layouts.end() && it->second.split());
+      // A slice's squared norm counts once over the ranks holding it alike. (A layer built over no
+      // group, such as the vision tower at vision_tp 1, is whole.)
+      const bool cut =
+          it != layouts.end() && it->second.dim >= 0 && it->second.comm && it->second.comm->size() > 1;
+      tp_share_.push_back(cut ? 1.0 / static_cast<double>(it->second.replicas()) : 0.0);
+      if (cut && it->second.replicas() > 1) {
+        if (it->second.parts != 1)
+          throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", p.name));
+        tp_replicated_.emplace_back(p.param, it->second);
+      }
       if (it != layouts.end() && it->second.partial_grad) tp_partial_.push_back(p.param);
     }
     // Under sequence parallelism every whole parameter inside the blocks (norm scales, and biases
@@ -202,7 +211,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
         auto it = layouts.find(p.name);
         const bool in_block = p.name.rfind("model.layers.", 0) == 0 ||
                               (job_.parallel.vision_tp != 1 && p.name.rfind("visual.blocks.", 0) == 0);
-        if (in_block && (it == layouts.end() || (!it->second.split() && !it->second.partial_grad)))
+        if (in_block && (it == layouts.end() || (it->second.dim < 0 && !it->second.partial_grad)))
           tp_partial_.push_back(p.param);
       }
   }
@@ -471,13 +480,27 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     } else {
       stats.grad_sync_s = reducer_->finish();
     }
-    if (!tp_partial_.empty()) {
-      // Sequence parallelism: each tensor-parallel rank holds part of these gradients.
+    if (!tp_partial_.empty() || !tp_replicated_.empty()) {
+      // Sequence parallelism: each tensor-parallel rank holds part of these gradients. Replicated
+      // kv slices: each rank holding one has its query heads' part; every rank adds its part at
+      // its slice's place in a whole-size buffer, and the sum over the group holds every slice's.
       const auto begin = Clock::now();
-      std::vector<at::Tensor> grads;
+      std::vector<at::Tensor> grads, wholes;
       for (const auto& p : tp_partial_)
         if (p.grad().defined()) grads.push_back(p.grad());
+      for (const auto& [p, layout] : tp_replicated_) {
+        at::Tensor whole = at::zeros(layout.whole_shape(p.sizes()), p.options());
+        if (p.grad().defined())
+          whole.narrow(layout.dim, layout.chunk * p.size(layout.dim), p.size(layout.dim)).copy_(p.grad());
+        grads.push_back(whole);
+        wholes.push_back(whole);
+      }
       tp_.comm->all_reduce_sum(grads);
+      for (size_t i = 0; i < tp_replicated_.size(); ++i) {
+        at::Tensor& p = tp_replicated_[i].first;
+        if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+        p.mutable_grad().copy_(tp_replicated_[i].second.slice(wholes[i]));
+      }
       stats.grad_sync_s += seconds_since(begin);
     }
   }
@@ -492,9 +515,9 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
   }
   stats.loss = loss_sum * scale;
   if (!sharded_)
-    stats.grad_norm = tp_split_.empty()
+    stats.grad_norm = tp_share_.empty()
                           ? clip_grad_norm(trainable_, job_.training.clip_grad)
-                          : clip_grad_norm(trainable_, tp_split_, *tp_.comm, job_.training.clip_grad);
+                          : clip_grad_norm(trainable_, tp_share_, *tp_.comm, job_.training.clip_grad);
   return stats;
 }
 

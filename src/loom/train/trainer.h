@@ -110,11 +110,14 @@ class Trainer {
   std::unique_ptr<dist::ParallelState> parallel_;  // with comm_: the layout's groups
   std::shared_ptr<dist::Comm> data_comm_;          // with comm_: dp x cp, which sums gradients
   parallel::TensorParallelGroup tp_;               // the LLM's tensor-parallel group (null comm: tp 1)
-  // Trainable parameters by their place in trainable_: whether each rank holds a slice (so
-  // squared norms sum over tp_), and those whose gradient is a partial sum over tp_ (sequence
-  // parallelism) and is all-reduced over it after backward.
-  std::vector<bool> tp_split_;
+  // Trainable parameters by their place in trainable_: each one's share of its squared gradient
+  // norm in the sum over tp_ (0: whole on every rank, counted once; 1: a slice; 1/n: a slice n ranks
+  // hold alike). Those whose gradient is a partial sum over tp_ (sequence parallelism), and the
+  // replicated kv slices whose gradient is a partial sum over the ranks holding them: summed after
+  // backward.
+  std::vector<double> tp_share_;
   std::vector<at::Tensor> tp_partial_;
+  std::vector<std::pair<at::Tensor, parallel::ShardLayout>> tp_replicated_;
   std::unique_ptr<dist::GradReducer> reducer_;  // with comm_: sums the gradients over the ranks
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;

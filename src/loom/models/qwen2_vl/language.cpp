@@ -23,18 +23,29 @@ int64_t heads_per_rank(int64_t heads, const parallel::ParamOptions& options, con
   return heads / tp;
 }
 
+// Key/value heads per rank: an equal share, or one when tp is a multiple of them (each kv head
+// replicated on the tp / kv ranks whose query heads read it).
+int64_t kv_heads_per_rank(int64_t kv_heads, const parallel::ParamOptions& options) {
+  const int64_t tp = options.tp.size();
+  if (tp > kv_heads && tp % kv_heads == 0) return 1;
+  return heads_per_rank(kv_heads, options, "key/value heads");
+}
+
 }  // namespace
 
 TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& options)
     : num_heads(heads_per_rank(c.num_heads, options, "attention heads")),
-      num_kv_heads(heads_per_rank(c.num_kv_heads, options, "key/value heads")),
+      num_kv_heads(kv_heads_per_rank(c.num_kv_heads, options)),
       head_dim(c.head_dim()) {
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
                                          c.hidden_size, c.num_heads * head_dim, true, options));
-  k_proj = register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, c.num_kv_heads * head_dim, true, options));
-  v_proj = register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, c.num_kv_heads * head_dim, true, options));
+  const int64_t kv_slices = std::min(c.num_kv_heads, options.tp.size());
+  k_proj =
+      register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                    c.hidden_size, c.num_kv_heads * head_dim, true, options, 1, kv_slices));
+  v_proj =
+      register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
+                                    c.hidden_size, c.num_kv_heads * head_dim, true, options, 1, kv_slices));
   o_proj = register_module("o_proj", std::make_shared<parallel::RowParallelLinear>(
                                          c.num_heads * head_dim, c.hidden_size, false, options));
 }
