@@ -1,7 +1,8 @@
 // Fused kernels against their composite references (Google Benchmark): attention forward +
 // backward, causal, at seq 4096 and head_dim 128, and over 8 packed samples of the same total
 // length (varlen: the work follows the sum of squared sample lengths); RMSNorm, SwiGLU and the
-// rotary embedding, forward + backward, on 8192 rows. Counters: tokens/s, and the
+// rotary embedding, forward + backward, on 8192 rows; the LM head with its cross-entropy, chunked
+// against whole logits. Counters: tokens/s, and the
 // bytes each keeps besides its inputs and outputs (the composite's score and probability matrices;
 // flash attention's per-query log-sum-exp and softmax correction, O(seq)).
 //
@@ -10,6 +11,7 @@
 #include <benchmark/benchmark.h>
 
 #include "loom/kernels/attention.h"
+#include "loom/kernels/cross_entropy.h"
 #include "loom/kernels/pointwise.h"
 
 namespace {
@@ -119,6 +121,34 @@ void Rotary(benchmark::State& state) {
                                                      benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// LM head + cross-entropy over 4096 tokens, 1024 wide, a 32k vocabulary: the composite holds the
+// (tokens, vocab) logits and their gradient; the chunked form one chunk of 1024 rows.
+template <bool Fused>
+void LinearCrossEntropy(benchmark::State& state) {
+  constexpr int64_t kTokensCe = 4096, kHidden = 1024, kVocab = 32000, kChunk = 1024;
+  at::manual_seed(0);
+  auto hidden = at::randn({kTokensCe, kHidden}).set_requires_grad(true);
+  auto weight = (at::randn({kVocab, kHidden}) * 0.02).set_requires_grad(true);
+  auto labels = at::randint(0, kVocab, {kTokensCe}, at::kLong);
+  for (auto _ : state) {
+    auto loss = Fused ? loom::kernels::linear_cross_entropy_sum(hidden, weight, labels, -100, kChunk)
+                      : loom::kernels::linear_cross_entropy_sum_composite(hidden, weight, labels);
+    loss.backward();
+    benchmark::DoNotOptimize(hidden.grad().data_ptr());
+    hidden.mutable_grad() = weight.mutable_grad() = at::Tensor();
+  }
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(kTokensCe), benchmark::Counter::kIsIterationInvariantRate);
+  // Logits and their gradient (composite) against one chunk's (fused), fp32.
+  state.counters["logit_bytes"] = Fused ? 1.0 * kChunk * kVocab * 4 : 2.0 * kTokensCe * kVocab * 4;
+}
+
+BENCHMARK_TEMPLATE(LinearCrossEntropy, true)
+    ->Name("LinearCrossEntropy/chunked")
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(LinearCrossEntropy, false)
+    ->Name("LinearCrossEntropy/composite")
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(RmsNorm, true)->Name("RmsNorm/fused")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(RmsNorm, false)->Name("RmsNorm/composite")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Swiglu, true)->Name("Swiglu/fused")->Unit(benchmark::kMillisecond);

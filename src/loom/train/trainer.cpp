@@ -14,6 +14,7 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/data/batching.h"
 #include "loom/data/loader.h"
+#include "loom/kernels/cross_entropy.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/nn/attention.h"
@@ -52,15 +53,23 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
                                   model.text.vocab_size, tokenizer.vocab_size()));
 }
 
-// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs). Under
-// tensor parallelism the logits are this rank's slice of the vocabulary, from vocab_start.
-at::Tensor token_loss_sum(const at::Tensor& logits, const at::Tensor& labels,
-                          const parallel::TensorParallelGroup& tp, int64_t vocab_start) {
-  const int64_t length = logits.size(1), vocab = logits.size(2);
-  auto predicted = logits.narrow(1, 0, length - 1).reshape({-1, vocab}).to(at::kFloat);
+// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs), from the
+// final hidden states. Under tensor parallelism the LM head gives this rank's slice of the
+// vocabulary and the loss is computed on the slices; otherwise, with fused kernels, the head and
+// the loss run chunk by chunk without the whole logits.
+at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, const at::Tensor& hidden,
+                          const at::Tensor& labels) {
+  const int64_t length = hidden.size(1);
+  auto predicting = hidden.narrow(1, 0, length - 1);
   auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
+  const auto& tp = model.llm_tp();
+  if (tp.size() == 1 && nn::fused_kernels())
+    return kernels::linear_cross_entropy_sum(predicting.reshape({-1, hidden.size(2)}), model.lm_head_weight(),
+                                             targets, data::kIgnoreIndex);
+  auto logits = model.logits(predicting);
+  auto predicted = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
   if (tp.size() > 1)
-    return parallel::vocab_parallel_cross_entropy_sum(predicted, targets, tp.comm, vocab_start,
+    return parallel::vocab_parallel_cross_entropy_sum(predicted, targets, tp.comm, model.vocab_start(),
                                                       data::kIgnoreIndex);
   return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
 }
@@ -452,8 +461,8 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
     }
     const data::Batch& batch = micro_batches[m];
     const auto forward_begin = Clock::now();
-    auto logits = model_->forward(model_inputs(batch));
-    auto loss = token_loss_sum(logits, batch.labels, tp_, model_->vocab_start());
+    auto hidden = model_->hidden_states(model_inputs(batch));
+    auto loss = token_loss_sum(*model_, hidden, batch.labels);
     stats.forward_s += seconds_since(forward_begin);
     // Only the last micro-batch's backward communicates: earlier ones only accumulate.
     if (reducer_ && m + 1 == micro_batches.size()) reducer_->arm();

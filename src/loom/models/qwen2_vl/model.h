@@ -56,6 +56,8 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module {
   at::Tensor logits(const at::Tensor& hidden) const;
   at::Tensor whole_logits(const at::Tensor& hidden) const;
   int64_t vocab_start() const { return model->embed_tokens->vocab_start(); }
+  // The LM head's weight (vocab / tp, hidden): lm_head's, or the embedding's when tied.
+  const at::Tensor& lm_head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
   const parallel::TensorParallelGroup& llm_tp() const { return model->tp; }
   at::Tensor forward(const VisionLanguageInputs& inputs) const { return logits(hidden_states(inputs)); }
 
