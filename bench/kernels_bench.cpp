@@ -2,14 +2,15 @@
 // backward, causal, at seq 4096 and head_dim 128, and over 8 packed samples of the same total
 // length (varlen: the work follows the sum of squared sample lengths); RMSNorm, SwiGLU and the
 // rotary embedding, forward + backward, on 8192 rows; the LM head with its cross-entropy, chunked
-// against whole logits. Counters: tokens/s, and the
-// bytes each keeps besides its inputs and outputs (the composite's score and probability matrices;
+// against whole logits; AdamW, one multi-tensor pass against the composite per tensor. Counters: tokens/s,
+// and the bytes each keeps besides its inputs and outputs (the composite's score and probability matrices;
 // flash attention's per-query log-sum-exp and softmax correction, O(seq)).
 //
 //   OPENBLAS_CORETYPE=SkylakeX build/loom_bench_kernels [--benchmark_filter=Attention]
 #include <ATen/ATen.h>
 #include <benchmark/benchmark.h>
 
+#include "loom/kernels/adamw.h"
 #include "loom/kernels/attention.h"
 #include "loom/kernels/cross_entropy.h"
 #include "loom/kernels/pointwise.h"
@@ -143,6 +144,35 @@ void LinearCrossEntropy(benchmark::State& state) {
   state.counters["logit_bytes"] = Fused ? 1.0 * kChunk * kVocab * 4 : 2.0 * kTokensCe * kVocab * 4;
 }
 
+// AdamW over 10.5M fp32 parameters in 150 tensors of mixed sizes (like a small model's), one
+// multi-tensor pass against the composite per tensor.
+template <bool Fused>
+void AdamW(benchmark::State& state) {
+  at::manual_seed(0);
+  std::vector<loom::kernels::AdamWTensor> tensors;
+  int64_t total = 0;
+  for (int64_t i = 0; i < 150; ++i) {
+    const int64_t n = i % 3 == 0 ? 1024 : 100000 + 1000 * i;
+    tensors.push_back({at::randn({n}), at::randn({n}), at::zeros({n}), at::zeros({n}), i % 3 != 0, {}});
+    total += n;
+  }
+  loom::kernels::AdamWHyper h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  for (auto _ : state) {
+    if (Fused) {
+      loom::kernels::adamw_step(tensors, h);
+    } else {
+      for (const auto& t : tensors) loom::kernels::adamw_step_composite(t, h);
+    }
+    benchmark::DoNotOptimize(tensors[0].weight.data_ptr());
+  }
+  state.counters["params_per_s"] =
+      benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
+}
+
+BENCHMARK_TEMPLATE(AdamW, true)->Name("AdamW/multi_tensor")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(AdamW, false)->Name("AdamW/composite")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(LinearCrossEntropy, true)
     ->Name("LinearCrossEntropy/chunked")
     ->Unit(benchmark::kMillisecond);

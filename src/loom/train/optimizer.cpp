@@ -4,6 +4,7 @@
 #include <map>
 #include <set>
 
+#include "loom/kernels/adamw.h"
 #include "loom/util/errors.h"
 
 namespace loom::train {
@@ -60,31 +61,43 @@ void AdamW::check(const std::vector<NamedParam>& params, const AdamWOptions& opt
 
 bool AdamW::decays(const NamedParam& p) { return p.param.dim() >= 2; }
 
+namespace {
+
+kernels::AdamWHyper hyper_of(const AdamWOptions& options, double lr, int64_t step) {
+  kernels::AdamWHyper h;
+  h.lr = lr;
+  h.beta1 = options.beta1;
+  h.beta2 = options.beta2;
+  h.eps = options.eps;
+  h.weight_decay = options.weight_decay;
+  h.step = step;
+  return h;
+}
+
+}  // namespace
+
 void adam_update(at::Tensor& w, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq, double lr,
                  int64_t step, const AdamWOptions& options) {
-  const double b1 = options.beta1, b2 = options.beta2;
-  const double bias_correction1 = 1.0 - std::pow(b1, static_cast<double>(step));
-  const double sqrt_bias_correction2 = std::sqrt(1.0 - std::pow(b2, static_cast<double>(step)));
-  exp_avg.mul_(b1).add_(g, 1.0 - b1);            // m = b1*m + (1-b1)*g
-  exp_avg_sq.mul_(b2).addcmul_(g, g, 1.0 - b2);  // v = b2*v + (1-b2)*g*g
-  // sqrt(vhat) + eps, with vhat = v / (1 - b2^t)
-  at::Tensor denom = exp_avg_sq.sqrt().div_(sqrt_bias_correction2).add_(options.eps);
-  w.addcdiv_(exp_avg, denom, -lr / bias_correction1);  // p -= lr * mhat / denom
+  // m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr/(1-b1^t) * m / (sqrt(v/(1-b2^t)) + eps),
+  // in one pass (the decay, decoupled, is the caller's).
+  kernels::adamw_step({{w, g.contiguous(), exp_avg, exp_avg_sq, /*decay=*/false, {}}},
+                      hyper_of(options, lr, step));
 }
 
 void AdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
+  // Every parameter with a gradient in one multi-tensor pass: the fp32 tensor updated is the
+  // parameter itself or the master copy of a bf16 one, which is then rounded into the parameter.
+  std::vector<kernels::AdamWTensor> tensors;
   for (auto& s : slots_) {
     const at::Tensor& grad = s.p.param.grad();
     if (!grad.defined()) continue;
-    // The fp32 tensor that is updated: the param itself, or the master copy of a bf16 param.
-    at::Tensor w = s.master.defined() ? s.master : s.p.param;
-    at::Tensor g = grad.scalar_type() == at::kFloat ? grad : grad.to(at::kFloat);
-    if (s.decay && options_.weight_decay != 0.0) w.mul_(1.0 - lr * options_.weight_decay);
-    adam_update(w, g, s.exp_avg, s.exp_avg_sq, lr, step_, options_);
-    if (s.master.defined()) s.p.param.copy_(s.master);  // round the master into the bf16 param
+    const bool bf16 = s.master.defined();
+    tensors.push_back({bf16 ? s.master : s.p.param.detach(), grad.contiguous(), s.exp_avg, s.exp_avg_sq,
+                       s.decay, bf16 ? s.p.param.detach() : at::Tensor()});
   }
+  kernels::adamw_step(tensors, hyper_of(options_, lr, step_));
 }
 
 void AdamW::zero_grad() {
