@@ -86,6 +86,27 @@ void RmsNorm(benchmark::State& state) {
       benchmark::Counter(5.0 * kRows * kWidth * 4, benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// LayerNorm: Loom's fused kernel (0), the composite (1), ATen's native layer_norm (2), which is
+// also one fused pass and which nn::LayerNorm uses.
+template <int Kind>
+void LayerNorm(benchmark::State& state) {
+  at::manual_seed(0);
+  auto x = at::randn({kRows, kWidth}).set_requires_grad(true);
+  auto w = (at::rand({kWidth}) + 0.5).set_requires_grad(true);
+  auto b = at::randn({kWidth}).set_requires_grad(true);
+  auto grad = at::randn({kRows, kWidth});
+  for (auto _ : state) {
+    auto y = Kind == 0   ? loom::kernels::layer_norm(x, w, b, 1e-6)
+             : Kind == 1 ? loom::kernels::layer_norm_composite(x, w, b, 1e-6)
+                         : at::layer_norm(x, {kWidth}, w, b, 1e-6);
+    y.backward(grad);
+    benchmark::DoNotOptimize(x.grad().data_ptr());
+    x.mutable_grad() = w.mutable_grad() = b.mutable_grad() = at::Tensor();
+  }
+  state.counters["bytes_per_s"] =
+      benchmark::Counter(5.0 * kRows * kWidth * 4, benchmark::Counter::kIsIterationInvariantRate);
+}
+
 template <bool Fused>
 void Swiglu(benchmark::State& state) {
   at::manual_seed(0);
@@ -181,6 +202,9 @@ BENCHMARK_TEMPLATE(LinearCrossEntropy, false)
     ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(RmsNorm, true)->Name("RmsNorm/fused")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(RmsNorm, false)->Name("RmsNorm/composite")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(LayerNorm, 0)->Name("LayerNorm/fused")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(LayerNorm, 1)->Name("LayerNorm/composite")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(LayerNorm, 2)->Name("LayerNorm/aten")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Swiglu, true)->Name("Swiglu/fused")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Swiglu, false)->Name("Swiglu/composite")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Rotary, true)->Name("Rotary/fused")->Unit(benchmark::kMillisecond);

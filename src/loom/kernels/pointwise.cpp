@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <utility>
 #include <vector>
 
 #include "loom/kernels/cpu/exp.h"
@@ -39,13 +40,27 @@ inline float round_bf16(float v) {
   return v;
 }
 
+// Sum of f(0) + ... + f(n - 1) in 16 independent lanes: a single running float sum cannot be
+// vectorised (its additions must keep their order), separate lanes can.
+template <typename F>
+inline float lane_sum(int64_t n, F f) {
+  constexpr int64_t kLanes = 16;
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += f(i + j);
+  float sum = 0;
+  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  for (; i < n; ++i) sum += f(i);
+  return sum;
+}
+
 // ---- RMSNorm ----
 
 // y = w * round(x * r), r = 1/sqrt(mean(x^2) + eps); returns r.
 LOOM_VECTOR_CLONES float rms_norm_row(const float* x, const float* w, float* y, int64_t d, float eps,
                                       bool round) {
-  float sum = 0;
-  for (int64_t i = 0; i < d; ++i) sum += x[i] * x[i];
+  const float sum = lane_sum(d, [&](int64_t i) { return x[i] * x[i]; });
   const float r = 1.0F / std::sqrt(sum / static_cast<float>(d) + eps);
   if (round) {
     for (int64_t i = 0; i < d; ++i) y[i] = w[i] * round_bf16(x[i] * r);
@@ -58,8 +73,7 @@ LOOM_VECTOR_CLONES float rms_norm_row(const float* x, const float* w, float* y, 
 // dx = r * (g - x * r^2 * mean(g * x)) with g = dy * w; dw += dy * x * r (this task's partial sum).
 LOOM_VECTOR_CLONES void rms_norm_backward_row(const float* x, const float* w, const float* dy, float r,
                                               float* dx, float* dw, int64_t d) {
-  float dot = 0;
-  for (int64_t i = 0; i < d; ++i) dot += dy[i] * w[i] * x[i];
+  const float dot = lane_sum(d, [&](int64_t i) { return dy[i] * w[i] * x[i]; });
   const float c = r * r * r * dot / static_cast<float>(d);
   for (int64_t i = 0; i < d; ++i) {
     dx[i] = r * dy[i] * w[i] - c * x[i];
@@ -106,6 +120,81 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
           rms_norm_backward_row(xp + r * d, wp, gp + r * d, sp[r], dxp + r * d, pp + t * d, d);
     });
     return {dx.to(saved[0].scalar_type()), partial.sum(0).to(saved[1].scalar_type()), at::Tensor()};
+  }
+};
+
+// ---- LayerNorm ----
+
+// y = (x - mean) * rstd * w + b; returns (mean, rstd).
+LOOM_VECTOR_CLONES std::pair<float, float> layer_norm_row(const float* x, const float* w, const float* b,
+                                                          float* y, int64_t d, float eps) {
+  const float mean = lane_sum(d, [&](int64_t i) { return x[i]; }) / static_cast<float>(d);
+  const float squares = lane_sum(d, [&](int64_t i) { return (x[i] - mean) * (x[i] - mean); });
+  const float rstd = 1.0F / std::sqrt(squares / static_cast<float>(d) + eps);
+  for (int64_t i = 0; i < d; ++i) y[i] = (x[i] - mean) * rstd * w[i] + b[i];
+  return {mean, rstd};
+}
+
+// With xhat = (x - mean) rstd and g = dy w: dx = rstd (g - mean(g) - xhat mean(g xhat));
+// dw += dy xhat, db += dy (this task's partial sums).
+LOOM_VECTOR_CLONES void layer_norm_backward_row(const float* x, const float* w, const float* dy, float mean,
+                                                float rstd, float* dx, float* dw, float* db, int64_t d) {
+  const float sum_g = lane_sum(d, [&](int64_t i) { return dy[i] * w[i]; });
+  const float sum_gx = lane_sum(d, [&](int64_t i) { return dy[i] * w[i] * (x[i] - mean) * rstd; });
+  const float mean_g = sum_g / static_cast<float>(d), mean_gx = sum_gx / static_cast<float>(d);
+  for (int64_t i = 0; i < d; ++i) {
+    const float xhat = (x[i] - mean) * rstd;
+    dx[i] = rstd * (dy[i] * w[i] - mean_g - xhat * mean_gx);
+    dw[i] += dy[i] * xhat;
+    db[i] += dy[i];
+  }
+}
+
+class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
+ public:
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
+                            const at::Tensor& bias, double eps) {
+    const int64_t d = x.size(-1);
+    if (weight.dim() != 1 || weight.size(0) != d || bias.dim() != 1 || bias.size(0) != d)
+      throw ModelError(fmt::format("layer_norm: weight of {} and bias of {} elements for rows of {}",
+                                   weight.numel(), bias.numel(), d));
+    const at::Tensor x32 = fp32(x), w32 = fp32(weight), b32 = fp32(bias);
+    const int64_t rows = x32.numel() / d;
+    at::Tensor y = at::empty(x32.sizes(), at::kFloat);
+    at::Tensor stats = at::empty({rows, 2}, at::kFloat);  // mean, rstd
+    const float *xp = x32.data_ptr<float>(), *wp = w32.data_ptr<float>(), *bp = b32.data_ptr<float>();
+    float *yp = y.data_ptr<float>(), *sp = stats.data_ptr<float>();
+    at::parallel_for(0, rows, kRowGrain, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const auto [mean, rstd] = layer_norm_row(xp + r * d, wp, bp, yp + r * d, d, static_cast<float>(eps));
+        sp[2 * r] = mean;
+        sp[2 * r + 1] = rstd;
+      }
+    });
+    ctx->save_for_backward({x, weight, bias, stats});
+    return y.to(x.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor x32 = fp32(saved[0]), w32 = fp32(saved[1]), stats = saved[3], dy = fp32(grads[0]);
+    const int64_t d = x32.size(-1), rows = x32.numel() / d;
+    at::Tensor dx = at::empty(x32.sizes(), at::kFloat);
+    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / kRowGrain));
+    at::Tensor partial = at::zeros({tasks, 2, d}, at::kFloat);  // dw, db per task
+    const float *xp = x32.data_ptr<float>(), *wp = w32.data_ptr<float>(), *sp = stats.data_ptr<float>(),
+                *gp = dy.data_ptr<float>();
+    float *dxp = dx.data_ptr<float>(), *pp = partial.data_ptr<float>();
+    const int64_t per_task = (rows + tasks - 1) / tasks;
+    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t)
+        for (int64_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r)
+          layer_norm_backward_row(xp + r * d, wp, gp + r * d, sp[2 * r], sp[2 * r + 1], dxp + r * d,
+                                  pp + t * 2 * d, pp + t * 2 * d + d, d);
+    });
+    const at::Tensor sums = partial.sum(0);
+    return {dx.to(saved[0].scalar_type()), sums[0].to(saved[1].scalar_type()),
+            sums[1].to(saved[2].scalar_type()), at::Tensor()};
   }
 };
 
@@ -282,6 +371,21 @@ at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, dou
   auto x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));
   auto normed = x32 * at::rsqrt(x32.pow(2).mean(-1, /*keepdim=*/true) + eps);
   return weight * normed.to(x.scalar_type());
+}
+
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  if (!kernel_dtypes({&x, &weight, &bias})) return layer_norm_composite(x, weight, bias, eps);
+  return LayerNormFunction::apply(x, weight, bias, eps);
+}
+
+at::Tensor layer_norm_composite(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                double eps) {
+  const auto stats = at::promote_types(x.scalar_type(), at::kFloat);
+  auto x32 = x.to(stats);
+  auto mean = x32.mean(-1, /*keepdim=*/true);
+  auto centred = x32 - mean;
+  auto normed = centred * at::rsqrt(centred.pow(2).mean(-1, /*keepdim=*/true) + eps);
+  return (normed * weight.to(stats) + bias.to(stats)).to(x.scalar_type());
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {

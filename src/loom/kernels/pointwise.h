@@ -15,6 +15,13 @@ namespace loom::kernels {
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, double eps);
 
+// LayerNorm over the last dimension: (x - mean) / sqrt(var + eps) * weight + bias, the statistics
+// and the affine map in fp32, the result in x's dtype. Saves x and two fp32 numbers per row;
+// differentiable in x, weight and bias.
+at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps);
+at::Tensor layer_norm_composite(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                double eps);
+
 // SwiGLU's gate: silu(gate) * up, elementwise (same shapes). Saves only its two inputs.
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up);
 at::Tensor swiglu_composite(const at::Tensor& gate, const at::Tensor& up);

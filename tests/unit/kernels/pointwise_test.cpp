@@ -1,4 +1,4 @@
-// The fused RMSNorm, SwiGLU and rotary kernels against their composite forms (autograd through
+// The fused RMSNorm, LayerNorm, SwiGLU and rotary kernels against their composite forms (autograd through
 // ATen's ops): outputs and every gradient, fp32 and bf16, on shapes whose row counts and widths are
 // not multiples of a vector width or of the rows given to one thread; the rotary backward also
 // against the closed-form inverse rotation; and bad shapes.
@@ -61,6 +61,30 @@ TEST(FusedKernels, RmsNormWeightGradientDoesNotDependOnThreads) {
   rms_norm(x, w, 1e-6).backward(grad);
   at::set_num_threads(threads);
   expect_close(w.grad(), one, 1e-6, "threads");
+}
+
+TEST(FusedKernels, LayerNormMatchesTheCompositeAndAten) {
+  at::manual_seed(8);
+  for (auto dtype : {at::kFloat, at::kBFloat16})
+    for (auto shape :
+         {std::vector<int64_t>{3, 37, 64}, std::vector<int64_t>{1, 129}, std::vector<int64_t>{70, 17}}) {
+      const std::string what = fmt::format("[{}] {}", fmt::join(shape, ","), c10::toString(dtype));
+      auto x = (leaf(shape, at::kFloat, 3.0).detach() + 1.5).to(dtype).set_requires_grad(true);
+      auto w = (at::rand({shape.back()}) + 0.5).to(dtype).set_requires_grad(true);
+      auto b = at::randn({shape.back()}).to(dtype).set_requires_grad(true);
+      auto x2 = clone_leaf(x), w2 = clone_leaf(w), b2 = clone_leaf(b);
+      const auto grad = at::randn(shape).to(dtype);
+      auto y = layer_norm(x, w, b, 1e-6), ref = layer_norm_composite(x2, w2, b2, 1e-6);
+      expect_close(y, ref, dtype == at::kBFloat16 ? 1e-2 : 1e-5, what + " output");
+      if (dtype == at::kFloat)
+        expect_close(y, at::layer_norm(x.detach(), {shape.back()}, w.detach(), b.detach(), 1e-6), 1e-5,
+                     what + " against at::layer_norm");
+      y.backward(grad);
+      ref.backward(grad);
+      expect_close(x.grad(), x2.grad(), tolerance_of(dtype), what + " dx");
+      expect_close(w.grad(), w2.grad(), tolerance_of(dtype) * 5, what + " dweight");
+      expect_close(b.grad(), b2.grad(), tolerance_of(dtype) * 5, what + " dbias");
+    }
 }
 
 TEST(FusedKernels, SwigluMatchesTheComposite) {
