@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 #include "loom/kernels/cpu/exp.h"
 #include "loom/kernels/cpu/gemm.h"
@@ -29,7 +30,22 @@ struct Problem {
   int64_t tokens = 0, heads = 0, kv_heads = 0, dim = 0;
   float scale = 1;
   bool causal = false;
+  int64_t window = 0;  // 0: unlimited
   std::vector<int64_t> cu;
+  // Keys [key_begin, key_end) of a segment of `length` tokens that query `row` sees.
+  int64_t key_begin(int64_t row) const { return window > 0 ? std::max<int64_t>(0, row - window + 1) : 0; }
+  int64_t key_end(int64_t row, int64_t length) const {
+    if (causal) return std::min(length, row + 1);
+    return window > 0 ? std::min(length, row + window) : length;
+  }
+  // Queries [query_begin, query_end) that see key `col`.
+  int64_t query_begin(int64_t col) const {
+    if (causal) return col;
+    return window > 0 ? std::max<int64_t>(0, col - window + 1) : 0;
+  }
+  int64_t query_end(int64_t col, int64_t length) const {
+    return window > 0 ? std::min(length, col + window) : length;
+  }
   int64_t group() const { return heads / kv_heads; }
   int64_t q_stride() const { return heads * dim; }  // between consecutive tokens of one head
   int64_t kv_stride() const { return kv_heads * dim; }
@@ -56,8 +72,11 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
     if (cu[i] < cu[i - 1])
       throw ModelError(
           fmt::format("flash_attention: cu_seqlens must not decrease, got {} then {}", cu[i - 1], cu[i]));
+  if (options.window < 0)
+    throw ModelError(fmt::format("flash_attention: window must be >= 0 (0: none), got {}", options.window));
   p.cu = cu;
   p.causal = options.causal;
+  p.window = options.window;
   p.scale =
       static_cast<float>(options.scale > 0 ? options.scale : 1.0 / std::sqrt(static_cast<double>(p.dim)));
   return p;
@@ -65,9 +84,12 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
-// Keys [col0, col0 + cols) that query `row` (both within one segment) may see.
-int64_t visible(const Problem& p, int64_t row, int64_t col0, int64_t cols) {
-  return p.causal ? std::clamp<int64_t>(row - col0 + 1, 0, cols) : cols;
+// The columns [first, last) of the key tile [col0, col0 + cols) that query `row` sees.
+std::pair<int64_t, int64_t> visible(const Problem& p, int64_t row, int64_t length, int64_t col0,
+                                    int64_t cols) {
+  const int64_t first = std::clamp<int64_t>(p.key_begin(row) - col0, 0, cols);
+  const int64_t last = std::clamp<int64_t>(p.key_end(row, length) - col0, 0, cols);
+  return {first, std::max(first, last)};
 }
 
 struct QueryTile {
@@ -95,25 +117,27 @@ void forward_kernel(const Problem& p, const float* q, const float* k, const floa
       std::fill(acc.begin(), acc.begin() + rows * d, 0.0F);
       std::fill(m.begin(), m.end(), kMinusInfinity);
       std::fill(l.begin(), l.end(), 0.0F);
-      const int64_t key_end = p.causal ? std::min(w.length, w.row0 + rows) : w.length;
-      for (int64_t col0 = 0; col0 < key_end; col0 += kForwardCols) {
+      // The keys any row of the tile sees: blocks outside them are skipped outright.
+      const int64_t key_begin = p.key_begin(w.row0), key_end = p.key_end(w.row0 + rows - 1, w.length);
+      for (int64_t col0 = key_begin; col0 < key_end; col0 += kForwardCols) {
         const int64_t cols = std::min(kForwardCols, key_end - col0);
         cpu::gemm(false, true, rows, cols, d, p.scale, qt, ldq, kb + col0 * ldk, ldk, 0.0F, scores.data(),
                   kForwardCols);
         for (int64_t r = 0; r < rows; ++r) {
           float* row = scores.data() + r * kForwardCols;
-          const int64_t seen = visible(p, w.row0 + r, col0, cols);
+          const auto [first, last] = visible(p, w.row0 + r, w.length, col0, cols);
           float top = m[r];
-          for (int64_t c = 0; c < seen; ++c) top = std::max(top, row[c]);
-          if (seen == 0 || top == kMinusInfinity) {
+          for (int64_t c = first; c < last; ++c) top = std::max(top, row[c]);
+          if (first == last || top == kMinusInfinity) {
             std::fill(row, row + cols, 0.0F);
             continue;
           }
-          for (int64_t c = 0; c < seen; ++c) row[c] -= top;
-          cpu::exp_in_place(row, seen);
+          for (int64_t c = first; c < last; ++c) row[c] -= top;
+          cpu::exp_in_place(row + first, last - first);
           float sum = 0;
-          for (int64_t c = 0; c < seen; ++c) sum += row[c];
-          std::fill(row + seen, row + cols, 0.0F);
+          for (int64_t c = first; c < last; ++c) sum += row[c];
+          std::fill(row, row + first, 0.0F);
+          std::fill(row + last, row + cols, 0.0F);
           const float rescale = std::exp(m[r] - top);  // 0 while nothing was seen
           l[r] = l[r] * rescale + sum;
           if (rescale != 1.0F)
@@ -167,7 +191,9 @@ void backward_kernel(const Problem& p, const float* q, const float* k, const flo
         std::fill(dk_acc.begin(), dk_acc.begin() + cols * d, 0.0F);
         std::fill(dv_acc.begin(), dv_acc.begin() + cols * d, 0.0F);
         for (int64_t h = w.kv_head * p.group(); h < (w.kv_head + 1) * p.group(); ++h) {
-          for (int64_t row0 = p.causal ? col0 / kRows * kRows : 0; row0 < w.length; row0 += kRows) {
+          // The queries that see any key of the tile: rows outside them are skipped outright.
+          const int64_t row_end = p.query_end(col0 + cols - 1, w.length);
+          for (int64_t row0 = p.query_begin(col0) / kRows * kRows; row0 < row_end; row0 += kRows) {
             const int64_t rows = std::min(kRows, w.length - row0);
             const int64_t first = (w.start + row0) * p.heads + h;  // (token, head) index of the tile's row 0
             const float* qt = q + first * d;
@@ -175,11 +201,12 @@ void backward_kernel(const Problem& p, const float* q, const float* k, const flo
             cpu::gemm(false, true, rows, cols, d, p.scale, qt, ldq, kt, ldk, 0.0F, probs.data(), kCols);
             for (int64_t r = 0; r < rows; ++r) {
               float* row = probs.data() + r * kCols;
-              const int64_t seen = visible(p, row0 + r, col0, cols);
+              const auto [first, last] = visible(p, row0 + r, w.length, col0, cols);
               const float log_sum = lse[h * p.tokens + w.start + row0 + r];
-              for (int64_t c = 0; c < seen; ++c) row[c] -= log_sum;
-              cpu::exp_in_place(row, seen);
-              std::fill(row + seen, row + cols, 0.0F);
+              for (int64_t c = first; c < last; ++c) row[c] -= log_sum;
+              cpu::exp_in_place(row + first, last - first);
+              std::fill(row, row + first, 0.0F);
+              std::fill(row + last, row + cols, 0.0F);
             }
             // dV += P^T dO; dP = dO V^T; dS = P (dP - delta) scale; dK += dS^T Q; dQ += dS K.
             cpu::gemm(true, false, cols, d, rows, 1.0F, probs.data(), kCols, dot, ldq, 1.0F, dv_acc.data(),
@@ -214,8 +241,8 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, std::vector<int64_t> cu_seqlens, bool causal,
-                               double scale) {
-    const Problem p = problem_of(q, k, v, cu_seqlens, {causal, scale});
+                               double scale, int64_t window) {
+    const Problem p = problem_of(q, k, v, cu_seqlens, {causal, scale, window});
     const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v);
     at::Tensor out = at::empty({p.tokens, p.heads, p.dim}, at::kFloat);
     at::Tensor lse = at::empty({p.heads, p.tokens}, at::kFloat);
@@ -225,6 +252,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
+    ctx->saved_data["window"] = window;
     ctx->mark_non_differentiable({lse});
     return {out.to(q.scalar_type()), lse};
   }
@@ -233,7 +261,8 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
     const Problem p = problem_of(q, k, v, ctx->saved_data["cu_seqlens"].toIntVector(),
-                                 {ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble()});
+                                 {ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(),
+                                  ctx->saved_data["window"].toInt()});
     const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v), dout = fp32(grads[0]);
     at::Tensor dq = at::zeros({p.tokens, p.heads, p.dim}, at::kFloat);
     at::Tensor dk = at::empty({p.tokens, p.kv_heads, p.dim}, at::kFloat);
@@ -241,8 +270,13 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     backward_kernel(p, q32.data_ptr<float>(), k32.data_ptr<float>(), v32.data_ptr<float>(),
                     out.data_ptr<float>(), dout.data_ptr<float>(), lse.data_ptr<float>(),
                     dq.data_ptr<float>(), dk.data_ptr<float>(), dv.data_ptr<float>());
-    return {dq.to(q.scalar_type()), dk.to(k.scalar_type()), dv.to(v.scalar_type()),
-            at::Tensor(),           at::Tensor(),           at::Tensor()};
+    return {dq.to(q.scalar_type()),
+            dk.to(k.scalar_type()),
+            dv.to(v.scalar_type()),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -251,7 +285,8 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::vector<int64_t>& cu_seqlens, AttentionOptions options,
                            at::Tensor* lse) {
-  auto outputs = FlashAttentionFunction::apply(q, k, v, cu_seqlens, options.causal, options.scale);
+  auto outputs =
+      FlashAttentionFunction::apply(q, k, v, cu_seqlens, options.causal, options.scale, options.window);
   if (lse) *lse = outputs[1];
   return outputs[0];
 }
@@ -267,7 +302,16 @@ at::Tensor composite_attention(const at::Tensor& q, const at::Tensor& k, const a
       return x.narrow(0, start, length).transpose(0, 1).repeat_interleave(p.heads / x.size(1), 0);
     };
     auto scores = at::matmul(heads_first(q), heads_first(k).transpose(1, 2)) * p.scale;  // (H, L, L)
-    if (p.causal) scores = scores.masked_fill(at::ones({length, length}, at::kBool).triu(1), kMinusInfinity);
+    // Query i sees key j when j is within [key_begin(i), key_end(i)).
+    const auto rows = at::arange(length, at::kLong).unsqueeze(1),
+               cols = at::arange(length, at::kLong).unsqueeze(0);
+    auto hidden = at::zeros({length, length}, at::kBool);
+    if (p.causal) hidden = hidden.logical_or(cols > rows);
+    if (p.window > 0) {
+      hidden = hidden.logical_or(cols <= rows - p.window);
+      if (!p.causal) hidden = hidden.logical_or(cols >= rows + p.window);
+    }
+    scores = scores.masked_fill(hidden, kMinusInfinity);
     auto probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     parts.push_back(at::matmul(probs, heads_first(v)).transpose(0, 1));  // (L, H, D)
   }

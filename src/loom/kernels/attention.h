@@ -16,7 +16,9 @@ namespace loom::kernels {
 
 struct AttentionOptions {
   bool causal = false;
-  double scale = 0;  // 0: 1/sqrt(D)
+  double scale = 0;    // 0: 1/sqrt(D)
+  int64_t window = 0;  // > 0: sliding window, each query sees the keys within window - 1 positions of
+                       // it (behind it only, when causal); 0: the whole segment
 };
 
 // Differentiable in q, k and v. `lse`, when given, receives the log-sum-exp of each query's scores,

@@ -28,15 +28,16 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double toleranc
 }
 
 void compare(const std::vector<int64_t>& cu, int64_t heads, int64_t kv_heads, int64_t dim, bool causal,
-             at::ScalarType dtype, double tolerance) {
-  const std::string what = fmt::format("cu [{}], {}/{} heads, dim {}, causal {}, {}", fmt::join(cu, ","),
-                                       heads, kv_heads, dim, causal, c10::toString(dtype));
+             at::ScalarType dtype, double tolerance, int64_t window = 0) {
+  const std::string what =
+      fmt::format("cu [{}], {}/{} heads, dim {}, causal {}, {}, window {}", fmt::join(cu, ","), heads,
+                  kv_heads, dim, causal, c10::toString(dtype), window);
   Inputs a = inputs(cu.back(), heads, kv_heads, dim, dtype, 7);
   Inputs b = inputs(cu.back(), heads, kv_heads, dim, dtype, 7);
   // The reference computes in fp32 from the same (possibly bf16-rounded) values.
   auto widen = [](const at::Tensor& t) { return t.to(at::kFloat); };
-  at::Tensor fused = flash_attention(a.q, a.k, a.v, cu, {causal});
-  at::Tensor reference = composite_attention(widen(b.q), widen(b.k), widen(b.v), cu, {causal});
+  at::Tensor fused = flash_attention(a.q, a.k, a.v, cu, {causal, 0, window});
+  at::Tensor reference = composite_attention(widen(b.q), widen(b.k), widen(b.v), cu, {causal, 0, window});
   ASSERT_EQ(fused.scalar_type(), dtype);
   expect_close(fused, reference, tolerance, what + ": output");
   (fused.to(at::kFloat) * a.grad.to(at::kFloat)).sum().backward();
@@ -53,6 +54,33 @@ TEST(FlashAttention, MatchesTheCompositeOnPackedSegments) {
     compare(cu, 2, 2, 32, causal, at::kFloat, 2e-6);
   }
   compare({0, 129}, 3, 1, 8, true, at::kFloat, 2e-6);
+}
+
+// Sliding windows shorter than a tile, across tiles, and longer than the segments, causal and not,
+// over segments that are not multiples of the tiles.
+TEST(FlashAttention, SlidingWindowMatchesTheComposite) {
+  const std::vector<int64_t> cu{0, 300, 301, 1000};
+  for (bool causal : {false, true})
+    for (int64_t window : {1, 50, 130, 2000}) compare(cu, 4, 2, 16, causal, at::kFloat, 2e-6, window);
+}
+
+// With every score equal (q = 0) each query averages the values it sees, so the window's reach has
+// a closed form: values v_j = j give the mean of j over [max(0, i - w + 1), i] (causal) or over
+// [max(0, i - w + 1), min(L - 1, i + w - 1)].
+TEST(FlashAttention, SlidingWindowSeesExactlyItsKeys) {
+  const int64_t length = 200, window = 37;
+  auto q = at::zeros({length, 1, 4}), k = at::randn({length, 1, 4});
+  auto v = at::arange(length, at::kFloat).view({length, 1, 1}).expand({length, 1, 4}).contiguous();
+  for (bool causal : {false, true}) {
+    auto out = flash_attention(q, k, v, {0, length}, {causal, 0, window});
+    for (int64_t i = 0; i < length; ++i) {
+      const int64_t lo = std::max<int64_t>(0, i - window + 1);
+      const int64_t hi = causal ? i : std::min<int64_t>(length - 1, i + window - 1);
+      EXPECT_NEAR(out[i][0][0].item<double>(), (lo + hi) / 2.0, 1e-3)
+          << "query " << i << " causal " << causal;
+    }
+  }
+  EXPECT_THROW(flash_attention(q, k, v, {0, length}, {true, 0, -1}), ModelError);
 }
 
 TEST(FlashAttention, Bf16InputsComputeInFp32) {
