@@ -5,13 +5,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "loom/kernels/cpu/vector.h"
 #include "loom/util/errors.h"
-
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LOOM_VECTOR_CLONES
-#endif
 
 namespace loom::kernels {
 namespace {
@@ -36,27 +31,11 @@ LOOM_VECTOR_CLONES void update_f32(float* w, const float* g, float* m, float* v,
   }
 }
 
-// bf16 bits <-> fp32.
-inline float from_bf16(uint16_t bits) {
-  const uint32_t wide = static_cast<uint32_t>(bits) << 16;
-  float f;
-  std::memcpy(&f, &wide, sizeof f);
-  return f;
-}
-inline uint16_t to_bf16(float f) {  // round to nearest even, as ATen's conversion does
-  uint32_t bits;
-  std::memcpy(&bits, &f, sizeof bits);
-  if ((bits & 0x7f800000u) == 0x7f800000u)
-    return static_cast<uint16_t>(bits >> 16 | ((bits & 0xffff) ? 0x40 : 0));
-  bits += 0x7fffu + ((bits >> 16) & 1u);
-  return static_cast<uint16_t>(bits >> 16);
-}
-
 // The same with a bf16 gradient and, optionally, the rounded weight written to a bf16 parameter.
 LOOM_VECTOR_CLONES void update_mixed(float* w, const uint16_t* g16, const float* g32, float* m, float* v,
                                      uint16_t* param, int64_t n, Scalars s, bool decay) {
   for (int64_t i = 0; i < n; ++i) {
-    const float gi = g16 ? from_bf16(g16[i]) : g32[i];
+    const float gi = g16 ? cpu::from_bf16(g16[i]) : g32[i];
     float wi = decay ? w[i] * s.decay_factor : w[i];
     const float mi = m[i] * s.b1 + gi * s.one_minus_b1;
     const float vi = v[i] * s.b2 + gi * gi * s.one_minus_b2;
@@ -64,7 +43,7 @@ LOOM_VECTOR_CLONES void update_mixed(float* w, const uint16_t* g16, const float*
     m[i] = mi;
     v[i] = vi;
     w[i] = wi;
-    if (param) param[i] = to_bf16(wi);
+    if (param) param[i] = cpu::to_bf16(wi);
   }
 }
 

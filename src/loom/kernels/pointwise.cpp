@@ -9,15 +9,8 @@
 #include <vector>
 
 #include "loom/kernels/cpu/exp.h"
+#include "loom/kernels/cpu/vector.h"
 #include "loom/util/errors.h"
-
-// Row loops compiled three times, for AVX-512, AVX2 and the x86-64 baseline; the loader picks the
-// widest the CPU runs (GCC function multiversioning). Elsewhere: one plain build.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
-#define LOOM_VECTOR_CLONES __attribute__((target_clones("avx512f", "avx2", "default")))
-#else
-#define LOOM_VECTOR_CLONES
-#endif
 
 namespace loom::kernels {
 namespace {
@@ -29,16 +22,6 @@ constexpr int64_t kRowGrain = 16;  // rows per parallel task at least
 
 // fp32 copy of a bf16/fp32 tensor, contiguous (shares storage when it already is one).
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
-
-// Rounds fp32 to bf16 and back, as a bf16 tensor would hold it (round to nearest even).
-inline float round_bf16(float v) {
-  uint32_t bits;
-  std::memcpy(&bits, &v, sizeof bits);
-  if ((bits & 0x7f800000u) != 0x7f800000u) bits += 0x7fffu + ((bits >> 16) & 1u);  // not inf/nan
-  bits &= 0xffff0000u;
-  std::memcpy(&v, &bits, sizeof v);
-  return v;
-}
 
 // Sum of f(0) + ... + f(n - 1) in 16 independent lanes: a single running float sum cannot be
 // vectorised (its additions must keep their order), separate lanes can.
@@ -63,7 +46,7 @@ LOOM_VECTOR_CLONES float rms_norm_row(const float* x, const float* w, float* y, 
   const float sum = lane_sum(d, [&](int64_t i) { return x[i] * x[i]; });
   const float r = 1.0F / std::sqrt(sum / static_cast<float>(d) + eps);
   if (round) {
-    for (int64_t i = 0; i < d; ++i) y[i] = w[i] * round_bf16(x[i] * r);
+    for (int64_t i = 0; i < d; ++i) y[i] = w[i] * cpu::round_bf16(x[i] * r);
   } else {
     for (int64_t i = 0; i < d; ++i) y[i] = w[i] * (x[i] * r);
   }

@@ -1,10 +1,10 @@
 #include "loom/models/qwen2_vl/language.h"
 
-#include "loom/dist/mappings.h"
 #include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
+#include "loom/parallel/sequence.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -113,27 +113,14 @@ at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor&
   auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
   auto sin = angles.sin().unsqueeze(2);
   auto h = inputs_embeds;
+  // Sequence parallelism: the padding of a length tp does not divide is a segment of its own
+  // (packed rows) or after every real token (causal rows), and is cut off before the final norm.
   std::vector<int64_t> cu = cu_seqlens;
-  const int64_t length = h.size(1);
-  const bool split_sequence = tp.sequence_parallel && tp.size() > 1;
-  if (split_sequence) {
-    // Sequence parallelism: each rank keeps one chunk of the tokens between the blocks'
-    // tensor-parallel regions. A length tp does not divide is padded at the end; the padding is
-    // a segment of its own (packed rows) or after every real token (causal rows), so no real
-    // token attends to it, and it is cut off before the final norm.
-    const int64_t padded = (length + tp.size() - 1) / tp.size() * tp.size();
-    if (padded > length) {
-      h = at::constant_pad_nd(h, {0, 0, 0, padded - length});
-      cos = at::constant_pad_nd(cos, {0, 0, 0, 0, 0, padded - length}, 1.0);
-      sin = at::constant_pad_nd(sin, {0, 0, 0, 0, 0, padded - length}, 0.0);
-      if (!cu.empty()) cu.push_back(padded);
-    }
-    h = dist::scatter_to_region(h, tp.comm, kSequenceDim);
-  }
+  const auto chunks = parallel::enter_sequence_parallel(tp, kSequenceDim, h, cos, sin, {&cu});
   for (const auto& layer : layers)
     h = nn::run_block(block_runner.get(), *layer, h,
                       [&](const at::Tensor& x) { return layer->forward(x, cos, sin, cu); });
-  if (split_sequence) h = dist::gather_from_region(h, tp.comm, kSequenceDim).narrow(kSequenceDim, 0, length);
+  h = parallel::leave_sequence_parallel(tp, kSequenceDim, h, chunks);
   return norm->forward(h);
 }
 

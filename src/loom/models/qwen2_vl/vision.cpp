@@ -1,10 +1,10 @@
 #include "loom/models/qwen2_vl/vision.h"
 
-#include "loom/dist/mappings.h"
 #include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
+#include "loom/parallel/sequence.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -207,20 +207,9 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
   auto cos = angles.cos().unsqueeze(1);  // (N, 1, D)
   auto sin = angles.sin().unsqueeze(1);
   auto full_cu = frame_cu, window_cu = windows.cu_window_seqlens;
-  const bool split_sequence = tp.sequence_parallel && tp.size() > 1;
-  if (split_sequence) {
-    // Sequence parallelism: each rank keeps one chunk of the patches between the blocks'
-    // tensor-parallel regions; a count tp does not divide is padded with a segment of its own.
-    const int64_t padded = (n + tp.size() - 1) / tp.size() * tp.size();
-    if (padded > n) {
-      hidden = at::constant_pad_nd(hidden, {0, 0, 0, padded - n});
-      cos = at::constant_pad_nd(cos, {0, 0, 0, 0, 0, padded - n}, 1.0);
-      sin = at::constant_pad_nd(sin, {0, 0, 0, 0, 0, padded - n}, 0.0);
-      full_cu.push_back(padded);
-      if (windowed) window_cu.push_back(padded);
-    }
-    hidden = dist::scatter_to_region(hidden, tp.comm, kSequenceDim);
-  }
+  // Sequence parallelism: the padding of a count tp does not divide is a segment of its own.
+  const auto chunks =
+      parallel::enter_sequence_parallel(tp, kSequenceDim, hidden, cos, sin, {&full_cu, &window_cu});
   for (size_t i = 0; i < blocks.size(); ++i) {
     const bool full =
         !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
@@ -231,8 +220,7 @@ at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Te
     hidden = nn::run_block(block_runner.get(), *blocks[i], hidden,
                            [&](const at::Tensor& h) { return blocks[i]->forward(h, cu, cos, sin); });
   }
-  if (split_sequence)
-    hidden = dist::gather_from_region(hidden, tp.comm, kSequenceDim).narrow(kSequenceDim, 0, n);
+  hidden = parallel::leave_sequence_parallel(tp, kSequenceDim, hidden, chunks);
   auto merged = merger->forward(hidden);  // (N/4, out_width)
   if (windowed) merged = merged.index_select(0, at::argsort(windows.unit_order));
   return merged;
