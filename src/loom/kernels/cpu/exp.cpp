@@ -2,13 +2,17 @@
 
 #include <cstring>
 
+#include "loom/kernels/cpu/vector.h"
+
 namespace loom::kernels::cpu {
 
 // GCC vectorises the selects below only when comparisons may not trap (no FP exceptions are used).
+// Compiled for AVX-512, AVX2 and the baseline (the widest the CPU runs is chosen at load time) with
+// no fused multiply-adds, so every build rounds each step alike and returns the same bits.
 #if defined(__GNUC__) && !defined(__clang__)
-__attribute__((optimize("no-trapping-math")))
+__attribute__((optimize("no-trapping-math", "fp-contract=off")))
 #endif
-void exp_in_place(float* __restrict x, int64_t n) {
+LOOM_VECTOR_CLONES void exp_in_place(float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float clamped = v < -87.0F ? -87.0F : v;  // -inf too
