@@ -12,7 +12,8 @@ namespace loom::kernels::cpu {
 #if defined(__GNUC__) && !defined(__clang__)
 __attribute__((optimize("no-trapping-math", "fp-contract=off")))
 #endif
-LOOM_VECTOR_CLONES void exp_in_place(float* __restrict x, int64_t n) {
+LOOM_VECTOR_CLONES void
+exp_in_place(float* __restrict x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) {
     const float v = x[i];
     const float clamped = v < -87.0F ? -87.0F : v;  // -inf too
