@@ -1,4 +1,4 @@
-// Shapes VQA: determinism, answers re-derived from the drawn pixels, balance and split disjointness.
+// Shapes VQA: determinism, answers re-derived from the drawn pixels, type weights and split disjointness.
 #include "loom/data/synth/shapes_vqa.h"
 
 #include <gtest/gtest.h>
@@ -21,6 +21,7 @@ namespace {
 struct SeenShape {
   std::string shape, color;  // empty when the quadrant is empty
   int blobs = 0, box_width = 0, box_height = 0;
+  int gap_x = 0, gap_y = 0;  // pixels between the shape and the board's centre lines
 };
 
 const std::array<std::string, 4> kCorner = {"top left", "top right", "bottom left", "bottom right"};
@@ -82,6 +83,8 @@ std::array<SeenShape, 4> analyse(const Image& image) {
       color = "unknown";
     seen[q].box_width = xmax - xmin + 1;
     seen[q].box_height = ymax - ymin + 1;
+    seen[q].gap_x = q % 2 == 0 ? half - 1 - xmax : xmin;
+    seen[q].gap_y = q / 2 == 0 ? half - 1 - ymax : ymin;
     const double fill = static_cast<double>(count) / (seen[q].box_width * seen[q].box_height);
     seen[q].shape = fill > 0.93 ? "square" : fill > 0.65 ? "circle" : "triangle";
   }
@@ -117,7 +120,10 @@ std::string expected_answer(const std::string& type, const std::string& question
                                           : matching(!shape.empty(), !color.empty());
   if (qs.size() != 1) return "<ambiguous>";
   const SeenShape& s = seen[qs[0]];
-  return type == "color" ? s.color : type == "shape" ? s.shape : kCorner[qs[0]];
+  // A position answer restates the name the question used, then the corner.
+  return type == "color"   ? s.color
+         : type == "shape" ? s.shape
+                           : (color.empty() ? shape : color) + " " + kCorner[qs[0]];
 }
 
 std::string scene_key(const std::array<SeenShape, 4>& seen) {
@@ -174,10 +180,15 @@ TEST(ShapesVqa, EveryAnswerMatchesTheDrawnScene) {
           ++shapes;
           EXPECT_EQ(q.blobs, 1);
           EXPECT_NE(q.color, "unknown");
-          // Size is 70-90% of the quadrant side (a circle's or triangle's drawn extent may lose a pixel).
+          // Size is 50-70% of the quadrant side (a circle's or triangle's drawn extent may lose a
+          // pixel), against the board's centre lines: at most 2 pixels off each (3 for a circle's
+          // lost pixel).
           const int half = size / 2;
-          EXPECT_GE(std::max(q.box_width, q.box_height), half * 70 / 100 - 1);
-          EXPECT_LE(std::max(q.box_width, q.box_height), half * 90 / 100);
+          EXPECT_GE(std::max(q.box_width, q.box_height), half * 50 / 100 - 1);
+          EXPECT_LE(std::max(q.box_width, q.box_height), half * 70 / 100);
+          EXPECT_LE(q.gap_x, 3);
+          EXPECT_LE(q.gap_y, 3);
+          EXPECT_GE(std::min(q.gap_x, q.gap_y), 0);
         }
         EXPECT_GE(shapes, 1);
         EXPECT_EQ(s.answer, expected_answer(s.question_type, s.question, seen))
@@ -187,7 +198,7 @@ TEST(ShapesVqa, EveryAnswerMatchesTheDrawnScene) {
   }
 }
 
-TEST(ShapesVqa, QuestionTypesAreBalanced) {
+TEST(ShapesVqa, QuestionTypesFollowTheirWeights) {
   const ShapesVqa data(11, 56);
   std::map<std::string, int> counts;
   std::map<std::string, std::set<std::string>> answers;
@@ -197,13 +208,22 @@ TEST(ShapesVqa, QuestionTypesAreBalanced) {
     answers[s.question_type].insert(s.answer);
   }
   ASSERT_EQ(ShapesVqa::question_types(), (std::vector<std::string>{"color", "shape", "count", "position"}));
+  // Position questions come 2 in 5, the other types 1 in 5 each.
   for (const std::string& type : ShapesVqa::question_types()) {
-    EXPECT_NEAR(counts[type], 500, 60) << type;
+    EXPECT_NEAR(counts[type], type == "position" ? 800 : 400, 60) << type;
   }
   EXPECT_EQ(answers["color"].size(), 5u);
   EXPECT_EQ(answers["shape"].size(), 3u);
   EXPECT_EQ(answers["count"].size(), 5u);
-  EXPECT_EQ(answers["position"].size(), 4u);
+  // Position answers: each of the 8 names (5 colours, 3 shapes) with each of the 4 corners.
+  std::set<std::string> corners;
+  for (const std::string& answer : answers["position"]) {
+    const auto words = words_of(answer);
+    ASSERT_EQ(words.size(), 3u) << answer;
+    corners.insert(words[1] + " " + words[2]);
+  }
+  EXPECT_EQ(corners.size(), 4u);
+  EXPECT_EQ(answers["position"].size(), 32u);
 }
 
 TEST(ShapesVqa, TrainAndEvalNeverShareAScene) {
