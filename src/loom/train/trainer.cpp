@@ -171,6 +171,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
   std::optional<parallel::TensorParallelGroup> vision_tp;
   if (job_.parallel.vision_tp == 1) vision_tp = parallel::TensorParallelGroup{};
   model_ = models::build_model(model_config_, options, vision_tp);
+  layouts_ = parallel::shard_layouts(*model_);
   models::init_parameters(*model_, static_cast<uint64_t>(t.seed));
   if (!job_.model.init_from.empty()) load_weights(job_.model.init_from);
 
@@ -198,29 +199,28 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
   if (tp_.size() > 1) {
-    const auto layouts = parallel::shard_layouts(*model_);
     for (const auto& p : params) {
-      auto it = layouts.find(p.name);
+      auto it = layouts_.find(p.name);
       // A slice's squared norm counts once over the ranks holding it alike. (A layer built over no
       // group, such as the vision tower at vision_tp 1, is whole.)
       const bool cut =
-          it != layouts.end() && it->second.dim >= 0 && it->second.comm && it->second.comm->size() > 1;
+          it != layouts_.end() && it->second.dim >= 0 && it->second.comm && it->second.comm->size() > 1;
       tp_share_.push_back(cut ? 1.0 / static_cast<double>(it->second.replicas()) : 0.0);
       if (cut && it->second.replicas() > 1) {
         if (it->second.parts != 1)
           throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", p.name));
         tp_replicated_.emplace_back(p.param, it->second);
       }
-      if (it != layouts.end() && it->second.partial_grad) tp_partial_.push_back(p.param);
+      if (it != layouts_.end() && it->second.partial_grad) tp_partial_.push_back(p.param);
     }
     // Under sequence parallelism every whole parameter inside the blocks (norm scales, and biases
     // added after a reduce-scatter) sees one chunk of the tokens per rank.
     if (job_.parallel.sequence_parallel)
       for (const auto& p : params) {
-        auto it = layouts.find(p.name);
+        auto it = layouts_.find(p.name);
         const bool in_block = p.name.rfind("model.layers.", 0) == 0 ||
                               (job_.parallel.vision_tp != 1 && p.name.rfind("visual.blocks.", 0) == 0);
-        if (in_block && (it == layouts.end() || (it->second.dim < 0 && !it->second.partial_grad)))
+        if (in_block && (it == layouts_.end() || (it->second.dim < 0 && !it->second.partial_grad)))
           tp_partial_.push_back(p.param);
       }
   }
@@ -247,12 +247,11 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
   }
   if (tp_.size() > 1) {
     // What tensor parallelism saves: this rank's trainable parameter bytes against the whole model's.
-    const auto layouts = parallel::shard_layouts(*model_);
     int64_t local = 0, whole = 0, split_local = 0, split_whole = 0;
     for (size_t i = 0; i < trainable_.size(); ++i) {
       const at::Tensor& p = trainable_[i];
-      auto it = layouts.find(trainable_names_[i]);
-      const bool split = it != layouts.end() && it->second.split();
+      auto it = layouts_.find(trainable_names_[i]);
+      const bool split = it != layouts_.end() && it->second.split();
       const int64_t all = split ? p.nbytes() * it->second.chunks : p.nbytes();
       local += p.nbytes();
       whole += all;
@@ -375,9 +374,7 @@ void Trainer::resume_from(const std::string& dir) {
     if (sharded_) {
       sharded_->load_state_dict(tensors);
     } else {
-      if (tp_.size() > 1)
-        tensors =
-            tensor_parallel_state(parallel::shard_layouts(*model_), std::move(tensors), /*gather=*/false);
+      if (tp_.size() > 1) tensors = tensor_parallel_state(layouts_, std::move(tensors), /*gather=*/false);
       optimizer_->load_state_dict(tensors);
     }
   } catch (const CheckpointError& e) {
@@ -397,7 +394,7 @@ void Trainer::save_checkpoint() {
   // parallelism in gathering the slices of it and of the weights.
   auto optimizer_state = sharded_ ? sharded_->state_dict() : optimizer_->state_dict();
   if (tp_.size() > 1)
-    optimizer_state = tensor_parallel_state(parallel::shard_layouts(*model_), std::move(optimizer_state),
+    optimizer_state = tensor_parallel_state(layouts_, std::move(optimizer_state),
                                             /*gather=*/true);
   WholeParameters whole(fsdp_.get());  // every rank takes part in gathering the FSDP units
   const auto weights = models::whole_named_parameters(*model_);
@@ -531,13 +528,12 @@ Trainer::StepStats Trainer::train_step(const std::vector<data::Batch>& micro_bat
 }
 
 void Trainer::dump_gradients() const {
-  const auto layouts = parallel::shard_layouts(*model_);
   std::vector<std::pair<std::string, at::Tensor>> grads;
   for (size_t i = 0; i < trainable_.size(); ++i) {
     at::Tensor g = trainable_[i].grad();
     if (!g.defined()) g = at::zeros_like(trainable_[i]);
-    auto it = layouts.find(trainable_names_[i]);
-    grads.emplace_back(trainable_names_[i], it == layouts.end() ? g : it->second.gather(g));
+    auto it = layouts_.find(trainable_names_[i]);
+    grads.emplace_back(trainable_names_[i], it == layouts_.end() ? g : it->second.gather(g));
   }
   if (!is_main()) return;
   const std::string dir = job_.training.output_dir + "/gradients";

@@ -121,6 +121,7 @@ class Trainer {
   std::unique_ptr<dist::GradReducer> reducer_;  // with comm_: sums the gradients over the ranks
   models::Qwen2VLConfig model_config_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
+  std::map<std::string, parallel::ShardLayout> layouts_;  // how each parameter is cut from its whole tensor
   std::unique_ptr<JobData> data_;
   std::shared_ptr<parallel::FullyShardedModel> fsdp_;  // parallel.zero=3 over several ranks
   std::unique_ptr<AdamW> optimizer_;                   // one of these two:
