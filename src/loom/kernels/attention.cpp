@@ -87,9 +87,8 @@ Problem problem_of(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v
 
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
-// Row reductions in 16 independent lanes, so they vectorise (a single running max or sum is a
-// chain the compiler must keep in order), compiled for the CPU's vector width.
-constexpr int64_t kLanes = 16;
+// Row reductions in independent lanes, compiled for the CPU's vector width.
+using cpu::kLanes;
 
 LOOM_VECTOR_CLONES float row_max(const float* x, int64_t n, float init) {
   float lanes[kLanes];
@@ -104,14 +103,7 @@ LOOM_VECTOR_CLONES float row_max(const float* x, int64_t n, float init) {
 }
 
 LOOM_VECTOR_CLONES float row_sum(const float* x, int64_t n) {
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += x[i + j];
-  float sum = 0;
-  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
-  for (; i < n; ++i) sum += x[i];
-  return sum;
+  return cpu::lane_sum(n, [&](int64_t i) { return x[i]; });
 }
 
 LOOM_VECTOR_CLONES void add_to_row(float* x, int64_t n, float value) {

@@ -15,6 +15,7 @@
 namespace loom::kernels {
 namespace {
 
+using cpu::lane_sum;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
@@ -23,19 +24,20 @@ constexpr int64_t kRowGrain = 16;  // rows per parallel task at least
 // fp32 copy of a bf16/fp32 tensor, contiguous (shares storage when it already is one).
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
-// Sum of f(0) + ... + f(n - 1) in 16 independent lanes: a single running float sum cannot be
-// vectorised (its additions must keep their order), separate lanes can.
-template <typename F>
-inline float lane_sum(int64_t n, F f) {
-  constexpr int64_t kLanes = 16;
-  float lanes[kLanes] = {};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += f(i + j);
-  float sum = 0;
-  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
-  for (; i < n; ++i) sum += f(i);
-  return sum;
+// The norms' backward passes: their weight gradients are sums over all rows, so the rows are dealt
+// to at most one task per thread, each summing into its own partial row (added up at the end).
+int64_t backward_tasks(int64_t rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / kRowGrain));
+}
+
+// Calls row(task, r) for every row r, task by task; tasks run in parallel.
+template <typename RowFn>
+void for_rows_by_task(int64_t rows, int64_t tasks, const RowFn& row) {
+  const int64_t per_task = (rows + tasks - 1) / tasks;
+  at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t t = begin; t < end; ++t)
+      for (int64_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r) row(t, r);
+  });
 }
 
 // ---- RMSNorm ----
@@ -90,17 +92,13 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const at::Tensor x32 = fp32(saved[0]), w32 = fp32(saved[1]), scale = saved[2], dy = fp32(grads[0]);
     const int64_t d = x32.size(-1), rows = x32.numel() / d;
     at::Tensor dx = at::empty(x32.sizes(), at::kFloat);
-    // Each task sums its rows' weight gradient on its own; the partial sums are added at the end.
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / kRowGrain));
+    const int64_t tasks = backward_tasks(rows);
     at::Tensor partial = at::zeros({tasks, d}, at::kFloat);
     const float *xp = x32.data_ptr<float>(), *wp = w32.data_ptr<float>(), *sp = scale.data_ptr<float>(),
                 *gp = dy.data_ptr<float>();
     float *dxp = dx.data_ptr<float>(), *pp = partial.data_ptr<float>();
-    const int64_t per_task = (rows + tasks - 1) / tasks;
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t)
-        for (int64_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r)
-          rms_norm_backward_row(xp + r * d, wp, gp + r * d, sp[r], dxp + r * d, pp + t * d, d);
+    for_rows_by_task(rows, tasks, [&](int64_t t, int64_t r) {
+      rms_norm_backward_row(xp + r * d, wp, gp + r * d, sp[r], dxp + r * d, pp + t * d, d);
     });
     return {dx.to(saved[0].scalar_type()), partial.sum(0).to(saved[1].scalar_type()), at::Tensor()};
   }
@@ -163,17 +161,14 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
     const at::Tensor x32 = fp32(saved[0]), w32 = fp32(saved[1]), stats = saved[3], dy = fp32(grads[0]);
     const int64_t d = x32.size(-1), rows = x32.numel() / d;
     at::Tensor dx = at::empty(x32.sizes(), at::kFloat);
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), rows / kRowGrain));
+    const int64_t tasks = backward_tasks(rows);
     at::Tensor partial = at::zeros({tasks, 2, d}, at::kFloat);  // dw, db per task
     const float *xp = x32.data_ptr<float>(), *wp = w32.data_ptr<float>(), *sp = stats.data_ptr<float>(),
                 *gp = dy.data_ptr<float>();
     float *dxp = dx.data_ptr<float>(), *pp = partial.data_ptr<float>();
-    const int64_t per_task = (rows + tasks - 1) / tasks;
-    at::parallel_for(0, tasks, 1, [&](int64_t begin, int64_t end) {
-      for (int64_t t = begin; t < end; ++t)
-        for (int64_t r = t * per_task; r < std::min(rows, (t + 1) * per_task); ++r)
-          layer_norm_backward_row(xp + r * d, wp, gp + r * d, sp[2 * r], sp[2 * r + 1], dxp + r * d,
-                                  pp + t * 2 * d, pp + t * 2 * d + d, d);
+    for_rows_by_task(rows, tasks, [&](int64_t t, int64_t r) {
+      layer_norm_backward_row(xp + r * d, wp, gp + r * d, sp[2 * r], sp[2 * r + 1], dxp + r * d,
+                              pp + t * 2 * d, pp + t * 2 * d + d, d);
     });
     const at::Tensor sums = partial.sum(0);
     return {dx.to(saved[0].scalar_type()), sums[0].to(saved[1].scalar_type()),
@@ -187,8 +182,8 @@ class LayerNormFunction : public torch::autograd::Function<LayerNormFunction> {
 // scalar call, which left the fused pass slower than ATen's vectorised composite).
 constexpr int64_t kBlock = 1024;
 
-// s = sigmoid(g) for a block, via the vectorised exp; g >= -87 keeps e^-g finite... and a large
-// negative g (e^-g overflow) is clamped, where sigmoid is 0 to fp32 precision anyway.
+// s = sigmoid(g) for a block, via the vectorised exp. g is clamped at -88 (below it e^-g would
+// overflow), where sigmoid is 0 to fp32 precision anyway.
 LOOM_VECTOR_CLONES void sigmoid_block(const float* g, float* s, int64_t n) {
   for (int64_t i = 0; i < n; ++i) s[i] = -std::max(g[i], -88.0F);
   cpu::exp_in_place(s, n);

@@ -13,6 +13,24 @@
 
 namespace loom::kernels::cpu {
 
+// Lanes of the row reductions: a single running float sum or max cannot be vectorised (its steps
+// must keep their order), 16 independent ones can, at any vector width.
+constexpr int64_t kLanes = 16;
+
+// f(0) + ... + f(n - 1) in kLanes lanes, then the lanes in order, then the tail. Inline, so it is
+// vectorised for the width of the LOOM_VECTOR_CLONES function that calls it.
+template <typename F>
+inline float lane_sum(int64_t n, F f) {
+  float lanes[kLanes] = {};
+  int64_t i = 0;
+  for (; i + kLanes <= n; i += kLanes)
+    for (int64_t j = 0; j < kLanes; ++j) lanes[j] += f(i + j);
+  float sum = 0;
+  for (int64_t j = 0; j < kLanes; ++j) sum += lanes[j];
+  for (; i < n; ++i) sum += f(i);
+  return sum;
+}
+
 // fp32 -> bf16 bits, round to nearest even as ATen's conversion does (NaN stays a quiet NaN).
 inline uint16_t to_bf16(float f) {
   uint32_t bits;
