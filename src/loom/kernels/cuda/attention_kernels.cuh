@@ -1,0 +1,301 @@
+// Flash attention on CUDA, FlashAttention-2's algorithm with fp32 arithmetic on the CUDA cores.
+//
+// A block owns a tile of kRows rows of one segment and one head: query rows in the forward pass
+// and in the dq pass, key rows in the dk/dv pass. Each row is worked by a group of kGroup adjacent
+// lanes, lane g holding elements g, g + kGroup, ... of the head dimension in registers (kSlice of
+// them), so a dot product is kSlice multiply-adds and a 3-step butterfly within the group. The
+// other side (keys and values, or queries and output gradients) streams through shared memory in
+// tiles of kCols rows; tiles that the segment bounds, causality or the window hide entirely are
+// never visited. The backward pass runs two kernels that each recompute the probabilities from the
+// saved log-sum-exp: one per query tile for dq, one per key tile for dk and dv (looping over the
+// query heads that share the key head), so every output element is written by one block, without
+// atomics, and the results do not depend on scheduling.
+//
+// Device code only (simt.h primitives, no ATen): it also compiles for the CPU emulator and in the
+// device-code check (scripts/check-cuda-device-code.sh). Host wrappers: attention.cu.
+#pragma once
+#include <cstdint>
+#include <limits>
+
+#include "loom/kernels/cuda/simt.h"
+
+namespace loom::kernels::cuda::flash {
+
+constexpr int kGroup = 8;                 // lanes per row
+constexpr int kRows = 32;                 // rows per block
+constexpr int kThreads = kRows * kGroup;  // 256
+constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+
+// Blocks an SM should hold at once: register budgets for ptxas. Two blocks (128 registers a thread)
+// compile without spilling for head dimensions up to 128 (sm_90, CUDA 13: at most 12 bytes, in
+// the dk/dv kernel), and the forward kernel for every slice; the backward kernels of the widest
+// slice keep one block and up to 255 registers, which do not spill.
+template <int kSlice>
+constexpr int blocks_per_sm() {
+  return kSlice <= 16 ? 2 : 1;
+}
+
+// Streamed rows per shared-memory tile: two tiles of kCols x (kGroup * kSlice) fp32 fit in 32 KiB.
+template <int kSlice>
+constexpr int cols_for() {
+  return kSlice <= 16 ? 32 : 16;
+}
+
+// One tile of rows of one segment: the segment's first token and length, and the tile's first row
+// within the segment. Built on the host, in the order blocks take them.
+struct Tile {
+  int32_t segment_begin, segment_length, row;
+};
+
+struct Geometry {
+  int64_t heads, kv_heads, dim;
+  float scale;
+  bool causal;
+  int64_t window;  // 0: none
+
+  // Keys [key_begin, key_end) of a segment of `length` that query `row` sees.
+  LOOM_DEVICE int64_t key_begin(int64_t row) const {
+    return window > 0 ? (row - window + 1 > 0 ? row - window + 1 : 0) : 0;
+  }
+  LOOM_DEVICE int64_t key_end(int64_t row, int64_t length) const {
+    const int64_t end = causal ? row + 1 : (window > 0 ? row + window : length);
+    return end < length ? end : length;
+  }
+  // Queries [query_begin, query_end) that see key `col`.
+  LOOM_DEVICE int64_t query_begin(int64_t col) const {
+    if (causal) return col;
+    return window > 0 ? (col - window + 1 > 0 ? col - window + 1 : 0) : 0;
+  }
+  LOOM_DEVICE int64_t query_end(int64_t col, int64_t length) const {
+    return window > 0 ? (col + window < length ? col + window : length) : length;
+  }
+  LOOM_DEVICE bool visible(int64_t row, int64_t col, int64_t length) const {
+    return row < length && col >= key_begin(row) && col < key_end(row, length);
+  }
+};
+
+// Loads rows [first, first + count) of one head of a (T, H, D) tensor into tile[kCols][width] as
+// fp32 times `factor`, zeros past `limit` (the end of what may be read) and past D.
+template <int kCols, int kWidth, typename T>
+LOOM_DEVICE void load_tile(float (*tile)[kWidth], const T* base, int64_t row_stride, int64_t first,
+                           int64_t limit, int64_t dim, float factor) {
+  for (int e = simt::thread_id(); e < kCols * kWidth; e += kThreads) {
+    const int r = e / kWidth, c = e % kWidth;
+    tile[r][c] =
+        first + r < limit && c < dim ? static_cast<float>(base[(first + r) * row_stride + c]) * factor : 0.0F;
+  }
+}
+
+// Forward: out = softmax(q k^T scale) v over the visible keys, lse = log of the softmax's sum.
+// Grid (query tiles, query heads).
+template <typename T, int kSlice>
+LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const T* q, const T* k, const T* v,
+                                                                          T* out, float* lse,
+                                                                          const Tile* tiles, int64_t tokens,
+                                                                          Geometry geo) {
+  constexpr int kWidth = kGroup * kSlice, kCols = cols_for<kSlice>();
+  LOOM_SHARED float keys[kCols][kWidth];
+  LOOM_SHARED float values[kCols][kWidth];
+  const Tile tile = tiles[simt::block_index().x];
+  const int64_t head = simt::block_index().y, kv_head = head / (geo.heads / geo.kv_heads);
+  const int tid = simt::thread_id(), lane = tid % kGroup;
+  const int64_t length = tile.segment_length, row = tile.row + tid / kGroup;
+  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
+  const T* k_head = k + tile.segment_begin * kv_stride + kv_head * geo.dim;
+  const T* v_head = v + tile.segment_begin * kv_stride + kv_head * geo.dim;
+
+  float query[kSlice], acc[kSlice];
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    query[i] =
+        row < length && c < geo.dim
+            ? static_cast<float>(q[(tile.segment_begin + row) * q_stride + head * geo.dim + c]) * geo.scale
+            : 0.0F;
+    acc[i] = 0;
+  }
+  float running_max = kMinusInfinity, running_sum = 0;
+
+  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
+  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
+    simt::sync_threads();
+    load_tile<kCols, kWidth>(keys, k_head, kv_stride, col0, col_end, geo.dim, 1.0F);
+    load_tile<kCols, kWidth>(values, v_head, kv_stride, col0, col_end, geo.dim, 1.0F);
+    simt::sync_threads();
+    float scores[kCols];
+    float tile_max = kMinusInfinity;
+    LOOM_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      float partial = 0;
+      LOOM_UNROLL
+      for (int i = 0; i < kSlice; ++i) partial += query[i] * keys[j][lane + i * kGroup];
+      const float score = simt::group_sum<kGroup>(partial);
+      scores[j] = geo.visible(row, col0 + j, length) && col0 + j < col_end ? score : kMinusInfinity;
+      tile_max = fmaxf(tile_max, scores[j]);
+    }
+    const float new_max = fmaxf(running_max, tile_max);
+    // While nothing is visible yet the maximum is -inf; exponents are then taken against 0, which
+    // leaves every probability (and the zero accumulators) at 0.
+    const float base = new_max == kMinusInfinity ? 0.0F : new_max;
+    const float rescale = simt::exp(running_max - base);
+    running_sum *= rescale;
+    LOOM_UNROLL
+    for (int i = 0; i < kSlice; ++i) acc[i] *= rescale;
+    LOOM_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      const float p = simt::exp(scores[j] - base);
+      running_sum += p;
+      LOOM_UNROLL
+      for (int i = 0; i < kSlice; ++i) acc[i] += p * values[j][lane + i * kGroup];
+    }
+    running_max = new_max;
+  }
+  if (row >= length) return;
+  const int64_t token = tile.segment_begin + row;
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    if (c < geo.dim) out[token * q_stride + head * geo.dim + c] = static_cast<T>(acc[i] / running_sum);
+  }
+  if (lane == 0) lse[head * tokens + token] = running_max + simt::log(running_sum);
+}
+
+// dq = scale * sum_j dS_ij k_j with dS = P (dP - delta), P = exp(S - lse), dP = dout v^T.
+// Grid (query tiles, query heads).
+template <typename T, int kSlice>
+LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention_dq_kernel(
+    const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dq,
+    const Tile* tiles, int64_t tokens, Geometry geo) {
+  constexpr int kWidth = kGroup * kSlice, kCols = cols_for<kSlice>();
+  LOOM_SHARED float keys[kCols][kWidth];
+  LOOM_SHARED float values[kCols][kWidth];
+  const Tile tile = tiles[simt::block_index().x];
+  const int64_t head = simt::block_index().y, kv_head = head / (geo.heads / geo.kv_heads);
+  const int tid = simt::thread_id(), lane = tid % kGroup;
+  const int64_t length = tile.segment_length, row = tile.row + tid / kGroup;
+  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
+  const T* k_head = k + tile.segment_begin * kv_stride + kv_head * geo.dim;
+  const T* v_head = v + tile.segment_begin * kv_stride + kv_head * geo.dim;
+  const int64_t token = tile.segment_begin + row;
+
+  float query[kSlice], grad_out[kSlice], acc[kSlice];
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    const bool inside = row < length && c < geo.dim;
+    query[i] = inside ? static_cast<float>(q[token * q_stride + head * geo.dim + c]) * geo.scale : 0.0F;
+    grad_out[i] = inside ? static_cast<float>(dout[token * q_stride + head * geo.dim + c]) : 0.0F;
+    acc[i] = 0;
+  }
+  const float row_lse = row < length ? lse[head * tokens + token] : 0.0F;
+  const float row_delta = row < length ? delta[head * tokens + token] : 0.0F;
+
+  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
+  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
+    simt::sync_threads();
+    load_tile<kCols, kWidth>(keys, k_head, kv_stride, col0, col_end, geo.dim, 1.0F);
+    load_tile<kCols, kWidth>(values, v_head, kv_stride, col0, col_end, geo.dim, 1.0F);
+    simt::sync_threads();
+    LOOM_UNROLL
+    for (int j = 0; j < kCols; ++j) {
+      float score = 0, dp = 0;
+      LOOM_UNROLL
+      for (int i = 0; i < kSlice; ++i) {
+        score += query[i] * keys[j][lane + i * kGroup];
+        dp += grad_out[i] * values[j][lane + i * kGroup];
+      }
+      score = simt::group_sum<kGroup>(score);
+      dp = simt::group_sum<kGroup>(dp);
+      const bool seen = geo.visible(row, col0 + j, length) && col0 + j < col_end;
+      const float ds = seen ? simt::exp(score - row_lse) * (dp - row_delta) : 0.0F;
+      LOOM_UNROLL
+      for (int i = 0; i < kSlice; ++i) acc[i] += ds * keys[j][lane + i * kGroup];
+    }
+  }
+  if (row >= length) return;
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    if (c < geo.dim) dq[token * q_stride + head * geo.dim + c] = static_cast<T>(acc[i] * geo.scale);
+  }
+}
+
+// dv_j = sum_i P_ij dout_i and dk_j = scale * sum_i dS_ij q_i over every query head of the key
+// head's group. Grid (key tiles, key/value heads).
+template <typename T, int kSlice>
+LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention_dkv_kernel(
+    const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv,
+    const Tile* tiles, int64_t tokens, Geometry geo) {
+  constexpr int kWidth = kGroup * kSlice, kCols = cols_for<kSlice>();
+  LOOM_SHARED float queries[kCols][kWidth];
+  LOOM_SHARED float grad_outs[kCols][kWidth];
+  LOOM_SHARED float row_lse[kCols];
+  LOOM_SHARED float row_delta[kCols];
+  const Tile tile = tiles[simt::block_index().x];
+  const int64_t kv_head = simt::block_index().y, group = geo.heads / geo.kv_heads;
+  const int tid = simt::thread_id(), lane = tid % kGroup;
+  const int64_t length = tile.segment_length, col = tile.row + tid / kGroup;
+  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
+  const int64_t token = tile.segment_begin + col;
+
+  float key[kSlice], value[kSlice], dkey[kSlice], dvalue[kSlice];
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    const bool inside = col < length && c < geo.dim;
+    key[i] = inside ? static_cast<float>(k[token * kv_stride + kv_head * geo.dim + c]) : 0.0F;
+    value[i] = inside ? static_cast<float>(v[token * kv_stride + kv_head * geo.dim + c]) : 0.0F;
+    dkey[i] = dvalue[i] = 0;
+  }
+
+  const int64_t last_col = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
+  const int64_t row_begin = geo.query_begin(tile.row), row_end = geo.query_end(last_col, length);
+  for (int64_t head = kv_head * group; head < (kv_head + 1) * group; ++head) {
+    const T* q_head = q + tile.segment_begin * q_stride + head * geo.dim;
+    const T* dout_head = dout + tile.segment_begin * q_stride + head * geo.dim;
+    const float* lse_head = lse + head * tokens + tile.segment_begin;
+    const float* delta_head = delta + head * tokens + tile.segment_begin;
+    for (int64_t row0 = row_begin; row0 < row_end; row0 += kCols) {
+      simt::sync_threads();
+      load_tile<kCols, kWidth>(queries, q_head, q_stride, row0, row_end, geo.dim, geo.scale);
+      load_tile<kCols, kWidth>(grad_outs, dout_head, q_stride, row0, row_end, geo.dim, 1.0F);
+      for (int r = tid; r < kCols; r += kThreads) {
+        row_lse[r] = row0 + r < row_end ? lse_head[row0 + r] : 0.0F;
+        row_delta[r] = row0 + r < row_end ? delta_head[row0 + r] : 0.0F;
+      }
+      simt::sync_threads();
+      LOOM_UNROLL
+      for (int j = 0; j < kCols; ++j) {
+        float score = 0, dp = 0;
+        LOOM_UNROLL
+        for (int i = 0; i < kSlice; ++i) {
+          score += key[i] * queries[j][lane + i * kGroup];
+          dp += value[i] * grad_outs[j][lane + i * kGroup];
+        }
+        score = simt::group_sum<kGroup>(score);
+        dp = simt::group_sum<kGroup>(dp);
+        const bool seen = col < length && row0 + j < row_end && geo.visible(row0 + j, col, length);
+        const float p = seen ? simt::exp(score - row_lse[j]) : 0.0F;
+        const float ds = p * (dp - row_delta[j]);
+        LOOM_UNROLL
+        for (int i = 0; i < kSlice; ++i) {
+          dvalue[i] += p * grad_outs[j][lane + i * kGroup];
+          dkey[i] += ds * queries[j][lane + i * kGroup];  // queries carry the scale
+        }
+      }
+    }
+  }
+  if (col >= length) return;
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    if (c < geo.dim) {
+      dk[token * kv_stride + kv_head * geo.dim + c] = static_cast<T>(dkey[i]);
+      dv[token * kv_stride + kv_head * geo.dim + c] = static_cast<T>(dvalue[i]);
+    }
+  }
+}
+
+}  // namespace loom::kernels::cuda::flash

@@ -1,0 +1,53 @@
+// Host side of the kernels: launching on the current CUDA stream (or the emulator), and choosing
+// the kernel instance for a tensor's dtype. Included by the .cu files only.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <string>
+
+#include "loom/kernels/cuda/simt.h"
+#include "loom/util/errors.h"
+
+#if defined(__CUDACC__)
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
+#include <c10/cuda/CUDAFunctions.h>
+#endif
+
+namespace loom::kernels::cuda {
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), simt::Dim grid, int threads, Args... args) {
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
+#if defined(__CUDACC__)
+  kernel<<<dim3(grid.x, grid.y, grid.z), threads, 0, at::cuda::getCurrentCUDAStream()>>>(args...);
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+#else
+  simt::emulate(grid, threads, [&] { kernel(args...); });
+#endif
+}
+
+// Calls f(T{}) with T the C++ type of a floating dtype the kernels take (fp32, bf16, fp16).
+template <typename F>
+void dispatch_floating(at::ScalarType type, const char* op, F&& f) {
+  switch (type) {
+    case at::kFloat:
+      f(float{});
+      break;
+    case at::kBFloat16:
+      f(at::BFloat16{});
+      break;
+    case at::kHalf:
+      f(at::Half{});
+      break;
+    default:
+      throw ModelError(std::string(op) + ": the CUDA kernels take fp32, bf16 or fp16 tensors, not " +
+                       c10::toString(type));
+  }
+}
+
+inline unsigned blocks_for(int64_t n, int threads) {
+  return static_cast<unsigned>((n + threads - 1) / threads);
+}
+
+}  // namespace loom::kernels::cuda

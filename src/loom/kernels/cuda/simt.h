@@ -1,0 +1,101 @@
+// The few SIMT primitives Loom's CUDA kernels are written with, and a CPU emulator of them.
+//
+// Compiled by nvcc, each primitive is its CUDA builtin. Compiled by a plain C++ compiler (Loom's
+// CPU builds), the same kernel source runs under an emulator, in the spirit of Triton's interpreter
+// mode: every CUDA thread of a block is a fiber on the calling thread, switched only at barriers and
+// warp shuffles, and blocks run one after another. So the CPU-only CI checks the kernels' indexing,
+// masking, tiling and arithmetic against the composite references; only their speed (and the
+// hardware's memory model) needs a GPU. Blocks are one-dimensional, a whole number of warps;
+// grids have up to three dimensions.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+
+#if defined(__CUDACC__)
+#define LOOM_KERNEL __global__
+#define LOOM_DEVICE __device__ __forceinline__
+#define LOOM_SHARED __shared__
+#define LOOM_UNROLL _Pragma("unroll")
+#define LOOM_LAUNCH_BOUNDS(threads, blocks) __launch_bounds__(threads, blocks)
+#else
+#define LOOM_KERNEL
+#define LOOM_DEVICE inline
+// Blocks are emulated one at a time (launches are serialised), so one static copy serves as the
+// running block's shared memory.
+#define LOOM_SHARED static
+#define LOOM_UNROLL
+#define LOOM_LAUNCH_BOUNDS(threads, blocks)
+#endif
+
+namespace loom::kernels::cuda::simt {
+
+constexpr int kWarp = 32;
+
+struct Dim {
+  unsigned x = 1, y = 1, z = 1;
+};
+
+#if defined(__CUDACC__)
+
+LOOM_DEVICE int thread_id() { return static_cast<int>(threadIdx.x); }
+LOOM_DEVICE int block_threads() { return static_cast<int>(blockDim.x); }
+LOOM_DEVICE Dim block_index() { return {blockIdx.x, blockIdx.y, blockIdx.z}; }
+LOOM_DEVICE Dim grid_size() { return {gridDim.x, gridDim.y, gridDim.z}; }
+LOOM_DEVICE void sync_threads() { __syncthreads(); }
+LOOM_DEVICE float shuffle_xor(float value, int lane_mask) {
+  return __shfl_xor_sync(0xffffffffu, value, lane_mask);
+}
+LOOM_DEVICE float exp(float x) { return ::expf(x); }
+LOOM_DEVICE float rsqrt(float x) { return ::rsqrtf(x); }
+LOOM_DEVICE float log(float x) { return ::logf(x); }
+
+#else
+
+namespace emulator {
+struct Thread {
+  int id = 0;
+  int block_threads = 0;
+  Dim block, grid;
+};
+// The fiber running now (launches are serialised, so one pointer serves the process).
+extern const Thread* current;
+void sync_threads();
+float shuffle_xor(float value, int lane_mask);
+}  // namespace emulator
+
+inline int thread_id() { return emulator::current->id; }
+inline int block_threads() { return emulator::current->block_threads; }
+inline Dim block_index() { return emulator::current->block; }
+inline Dim grid_size() { return emulator::current->grid; }
+inline void sync_threads() { emulator::sync_threads(); }
+inline float shuffle_xor(float value, int lane_mask) { return emulator::shuffle_xor(value, lane_mask); }
+inline float exp(float x) { return std::exp(x); }
+inline float rsqrt(float x) { return 1.0F / std::sqrt(x); }
+inline float log(float x) { return std::log(x); }
+
+// Runs `body` as every thread of every block of the grid; throws std::logic_error when the
+// threads of a block wait at different barriers (a deadlock on a GPU too) or a block's size is
+// not a whole number of warps.
+void emulate(Dim grid, int block_threads, const std::function<void()>& body);
+
+#endif
+
+// Sum over aligned groups of `kWidth` consecutive lanes (a power of two up to a warp): every lane
+// of a group gets its group's sum.
+template <int kWidth>
+LOOM_DEVICE float group_sum(float value) {
+  LOOM_UNROLL
+  for (int mask = kWidth / 2; mask > 0; mask /= 2) value += shuffle_xor(value, mask);
+  return value;
+}
+
+template <int kWidth>
+LOOM_DEVICE float group_max(float value) {
+  LOOM_UNROLL
+  for (int mask = kWidth / 2; mask > 0; mask /= 2) value = fmaxf(value, shuffle_xor(value, mask));
+  return value;
+}
+
+}  // namespace loom::kernels::cuda::simt

@@ -1,0 +1,167 @@
+// The CPU emulator of simt.h: a block's threads are ucontext fibers on the launching thread. A
+// fiber runs until it reaches a barrier (sync_threads, or the warp-wide exchange inside a shuffle)
+// or ends; the scheduler then resumes the next fiber that can go on. A barrier opens when every
+// live thread of its scope has arrived; threads that have returned no longer count, as on a GPU.
+#include <ucontext.h>
+
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "loom/kernels/cuda/simt.h"
+
+namespace loom::kernels::cuda::simt {
+namespace emulator {
+
+const Thread* current = nullptr;
+
+namespace {
+
+constexpr size_t kStackBytes = 256 * 1024;
+
+enum class Wait { kNone, kBlock, kWarp };
+
+struct Fiber {
+  Thread thread;
+  ucontext_t context{};
+  std::unique_ptr<char[]> stack;
+  Wait wait = Wait::kNone;
+  bool done = false;
+};
+
+struct Block {
+  std::vector<Fiber> fibers;
+  ucontext_t scheduler{};
+  const std::function<void()>* body = nullptr;
+  Fiber* running = nullptr;
+  int live = 0;
+  int at_block_barrier = 0;
+  std::vector<int> live_in_warp, at_warp_barrier;
+  std::vector<float> lanes;  // one shuffle slot per thread
+  std::exception_ptr error;
+};
+
+Block* block = nullptr;
+std::mutex launch_mutex;
+
+void yield() { swapcontext(&block->running->context, &block->scheduler); }
+
+// Opens the block barrier, or warp w's, when everyone live there has arrived.
+void open_barriers(int warp) {
+  Block& b = *block;
+  if (b.at_block_barrier > 0 && b.at_block_barrier == b.live) {
+    for (Fiber& f : b.fibers)
+      if (f.wait == Wait::kBlock) f.wait = Wait::kNone;
+    b.at_block_barrier = 0;
+  }
+  if (b.at_warp_barrier[warp] > 0 && b.at_warp_barrier[warp] == b.live_in_warp[warp]) {
+    for (int t = warp * kWarp; t < (warp + 1) * kWarp; ++t)
+      if (b.fibers[t].wait == Wait::kWarp) b.fibers[t].wait = Wait::kNone;
+    b.at_warp_barrier[warp] = 0;
+  }
+}
+
+void wait_at(Wait scope) {
+  Block& b = *block;
+  Fiber& self = *b.running;
+  const int warp = self.thread.id / kWarp;
+  self.wait = scope;
+  ++(scope == Wait::kBlock ? b.at_block_barrier : b.at_warp_barrier[warp]);
+  open_barriers(warp);
+  while (self.wait != Wait::kNone) yield();
+}
+
+void run_fiber() {
+  Block& b = *block;
+  Fiber& self = *b.running;
+  try {
+    (*b.body)();
+  } catch (...) {
+    if (!b.error) b.error = std::current_exception();
+  }
+  self.done = true;
+  --b.live;
+  --b.live_in_warp[self.thread.id / kWarp];
+  open_barriers(self.thread.id / kWarp);
+  // Returning resumes the scheduler (uc_link).
+}
+
+}  // namespace
+
+void sync_threads() { wait_at(Wait::kBlock); }
+
+float shuffle_xor(float value, int lane_mask) {
+  Block& b = *block;
+  const int id = b.running->thread.id, partner = id ^ lane_mask;
+  b.lanes[id] = value;
+  wait_at(Wait::kWarp);  // every lane has written
+  const float result = b.lanes[partner];
+  wait_at(Wait::kWarp);  // every lane has read before the next exchange writes
+  return result;
+}
+
+}  // namespace emulator
+
+void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
+  using namespace emulator;
+  if (block_threads <= 0 || block_threads % kWarp != 0)
+    throw std::logic_error("simt emulator: a block of " + std::to_string(block_threads) +
+                           " threads is not a whole number of warps");
+  const std::lock_guard<std::mutex> lock(launch_mutex);
+  Block b;
+  b.body = &body;
+  b.fibers.resize(block_threads);
+  for (Fiber& f : b.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  const int warps = block_threads / kWarp;
+  b.lanes.assign(block_threads, 0.0F);
+  block = &b;
+  struct Reset {
+    ~Reset() {
+      block = nullptr;
+      current = nullptr;
+    }
+  } reset;
+
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        b.live = block_threads;
+        b.at_block_barrier = 0;
+        b.live_in_warp.assign(warps, kWarp);
+        b.at_warp_barrier.assign(warps, 0);
+        for (int t = 0; t < block_threads; ++t) {
+          Fiber& f = b.fibers[t];
+          f.thread = {t, block_threads, {x, y, z}, grid};
+          f.wait = Wait::kNone;
+          f.done = false;
+          getcontext(&f.context);
+          f.context.uc_stack.ss_sp = f.stack.get();
+          f.context.uc_stack.ss_size = kStackBytes;
+          f.context.uc_link = &b.scheduler;
+          makecontext(&f.context, run_fiber, 0);
+        }
+        // Passes alternate between ascending and descending thread order, so a read of shared
+        // memory that a missing barrier leaves unordered sees the stale value in one of them.
+        for (int pass = 0; b.live > 0; ++pass) {
+          bool progressed = false;
+          for (int i = 0; i < block_threads; ++i) {
+            Fiber& f = b.fibers[pass % 2 == 0 ? i : block_threads - 1 - i];
+            if (f.done || f.wait != Wait::kNone) continue;
+            b.running = &f;
+            current = &f.thread;
+            swapcontext(&b.scheduler, &f.context);
+            progressed = true;
+          }
+          if (!progressed)
+            throw std::logic_error("simt emulator: block (" + std::to_string(x) + ", " + std::to_string(y) +
+                                   ", " + std::to_string(z) +
+                                   ") deadlocked: its threads wait at different barriers");
+        }
+        if (b.error) std::rethrow_exception(b.error);
+      }
+}
+
+}  // namespace loom::kernels::cuda::simt
