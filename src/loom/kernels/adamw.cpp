@@ -49,7 +49,9 @@ LOOM_VECTOR_CLONES void update_mixed(float* w, const uint16_t* g16, const float*
 
 void check(const AdamWTensor& t, size_t index) {
   const auto n = t.weight.numel();
-  const bool ok = t.weight.scalar_type() == at::kFloat && t.weight.is_contiguous() &&
+  const bool on_cpu = t.weight.is_cpu() && t.exp_avg.is_cpu() && t.exp_avg_sq.is_cpu() && t.grad.is_cpu() &&
+                      (!t.bf16_param.defined() || t.bf16_param.is_cpu());
+  const bool ok = on_cpu && t.weight.scalar_type() == at::kFloat && t.weight.is_contiguous() &&
                   t.exp_avg.scalar_type() == at::kFloat && t.exp_avg.is_contiguous() &&
                   t.exp_avg.numel() == n && t.exp_avg_sq.scalar_type() == at::kFloat &&
                   t.exp_avg_sq.is_contiguous() && t.exp_avg_sq.numel() == n && t.grad.is_contiguous() &&
@@ -58,10 +60,11 @@ void check(const AdamWTensor& t, size_t index) {
                   (!t.bf16_param.defined() || (t.bf16_param.scalar_type() == at::kBFloat16 &&
                                                t.bf16_param.is_contiguous() && t.bf16_param.numel() == n));
   if (!ok)
-    throw ModelError(fmt::format(
-        "adamw_step: tensor {} needs a contiguous fp32 weight and moments, an fp32 or bf16 gradient and an "
-        "optional bf16 parameter, all of {} elements",
-        index, n));
+    throw ModelError(
+        fmt::format("adamw_step: tensor {} needs CPU tensors: a contiguous fp32 weight and moments, an fp32 "
+                    "or bf16 gradient and an "
+                    "optional bf16 parameter, all of {} elements",
+                    index, n));
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 #include "loom/kernels/cpu/exp.h"
 #include "loom/kernels/cpu/gemm.h"
 #include "loom/kernels/cpu/vector.h"
+#include "loom/kernels/cuda/ops.h"
 #include "loom/util/errors.h"
 
 namespace loom::kernels {
@@ -28,6 +29,14 @@ constexpr int64_t kBackwardRows = 256;
 constexpr int64_t kForwardCols = 512;
 constexpr int64_t kCols = 256;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
+
+// CUDA tensors go to kernels/cuda in a CUDA build. Elsewhere the CUDA branches are still compiled
+// (so the CPU build checks them) but discarded, and CUDA tensors take the composite path.
+#if defined(LOOM_WITH_CUDA)
+constexpr bool kCudaKernels = true;
+#else
+constexpr bool kCudaKernels = false;
+#endif
 
 struct Problem {
   int64_t tokens = 0, heads = 0, kv_heads = 0, dim = 0;
@@ -273,16 +282,25 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
                                const at::Tensor& v, std::vector<int64_t> cu_seqlens, bool causal,
                                double scale, int64_t window) {
     const Problem p = problem_of(q, k, v, cu_seqlens, {causal, scale, window});
+    ctx->saved_data["cu_seqlens"] = cu_seqlens;
+    ctx->saved_data["causal"] = causal;
+    ctx->saved_data["scale"] = scale;
+    ctx->saved_data["window"] = window;
+    if constexpr (kCudaKernels) {
+      if (q.is_cuda()) {
+        const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
+        auto [out, lse] = cuda::attention_forward(qc, kc, vc, {p.cu, p.causal, p.scale, p.window});
+        ctx->save_for_backward({qc, kc, vc, out, lse});
+        ctx->mark_non_differentiable({lse});
+        return {out, lse};
+      }
+    }
     const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v);
     at::Tensor out = at::empty({p.tokens, p.heads, p.dim}, at::kFloat);
     at::Tensor lse = at::empty({p.heads, p.tokens}, at::kFloat);
     forward_kernel(p, q32.data_ptr<float>(), k32.data_ptr<float>(), v32.data_ptr<float>(),
                    out.data_ptr<float>(), lse.data_ptr<float>());
     ctx->save_for_backward({q, k, v, out, lse});
-    ctx->saved_data["cu_seqlens"] = cu_seqlens;
-    ctx->saved_data["causal"] = causal;
-    ctx->saved_data["scale"] = scale;
-    ctx->saved_data["window"] = window;
     ctx->mark_non_differentiable({lse});
     return {out.to(q.scalar_type()), lse};
   }
@@ -293,6 +311,13 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     const Problem p = problem_of(q, k, v, ctx->saved_data["cu_seqlens"].toIntVector(),
                                  {ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(),
                                   ctx->saved_data["window"].toInt()});
+    if constexpr (kCudaKernels) {
+      if (q.is_cuda()) {
+        auto [dq, dk, dv] = cuda::attention_backward(grads[0].contiguous(), q, k, v, out, lse,
+                                                     {p.cu, p.causal, p.scale, p.window});
+        return {dq, dk, dv, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+      }
+    }
     const at::Tensor q32 = fp32(q), k32 = fp32(k), v32 = fp32(v), dout = fp32(grads[0]);
     at::Tensor dq = at::zeros({p.tokens, p.heads, p.dim}, at::kFloat);
     at::Tensor dk = at::empty({p.tokens, p.kv_heads, p.dim}, at::kFloat);
@@ -315,6 +340,18 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
 at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                            const std::vector<int64_t>& cu_seqlens, AttentionOptions options,
                            at::Tensor* lse) {
+  // The CPU kernel takes CPU tensors; the CUDA kernels (in a CUDA build) CUDA tensors of one
+  // floating dtype. Other devices get the composite, which has no log-sum-exp to give.
+  const at::ScalarType type = q.scalar_type();
+  const bool cuda = kCudaKernels && q.is_cuda() && k.is_cuda() && v.is_cuda() && type == k.scalar_type() &&
+                    type == v.scalar_type() &&
+                    (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+  if (!cuda && !(q.is_cpu() && k.is_cpu() && v.is_cpu())) {
+    if (lse)
+      throw ModelError(fmt::format("flash_attention: no kernel for {} tensors here to give the log-sum-exp",
+                                   q.device().str()));
+    return composite_attention(q, k, v, cu_seqlens, options);
+  }
   auto outputs =
       FlashAttentionFunction::apply(q, k, v, cu_seqlens, options.causal, options.scale, options.window);
   if (lse) *lse = outputs[1];
@@ -333,9 +370,9 @@ at::Tensor composite_attention(const at::Tensor& q, const at::Tensor& k, const a
     };
     auto scores = at::matmul(heads_first(q), heads_first(k).transpose(1, 2)) * p.scale;  // (H, L, L)
     // Query i sees key j when j is within [key_begin(i), key_end(i)).
-    const auto rows = at::arange(length, at::kLong).unsqueeze(1),
-               cols = at::arange(length, at::kLong).unsqueeze(0);
-    auto hidden = at::zeros({length, length}, at::kBool);
+    const auto index = at::TensorOptions().dtype(at::kLong).device(q.device());
+    const auto rows = at::arange(length, index).unsqueeze(1), cols = at::arange(length, index).unsqueeze(0);
+    auto hidden = at::zeros({length, length}, index.dtype(at::kBool));
     if (p.causal) hidden = hidden.logical_or(cols > rows);
     if (p.window > 0) {
       hidden = hidden.logical_or(cols <= rows - p.window);

@@ -10,6 +10,7 @@
 
 #include "loom/kernels/cpu/exp.h"
 #include "loom/kernels/cpu/vector.h"
+#include "loom/kernels/cuda/ops.h"
 #include "loom/util/errors.h"
 
 namespace loom::kernels {
@@ -20,6 +21,14 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
 constexpr int64_t kRowGrain = 16;  // rows per parallel task at least
+
+// CUDA tensors go to kernels/cuda in a CUDA build. Elsewhere the CUDA branches are still compiled
+// (so the CPU build checks them) but discarded, and CUDA tensors take the composite path.
+#if defined(LOOM_WITH_CUDA)
+constexpr bool kCudaKernels = true;
+#else
+constexpr bool kCudaKernels = false;
+#endif
 
 // fp32 copy of a bf16/fp32 tensor, contiguous (shares storage when it already is one).
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
@@ -72,6 +81,14 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t d = x.size(-1);
     if (weight.dim() != 1 || weight.size(0) != d)
       throw ModelError(fmt::format("rms_norm: weight of {} elements for rows of {}", weight.numel(), d));
+    if constexpr (kCudaKernels) {
+      if (x.is_cuda()) {
+        const at::Tensor xc = x.contiguous();
+        auto [y, rstd] = cuda::rms_norm_forward(xc, weight, eps);
+        ctx->save_for_backward({xc, weight, rstd});
+        return y;
+      }
+    }
     const at::Tensor x32 = fp32(x), w32 = fp32(weight);
     const int64_t rows = x32.numel() / d;
     at::Tensor y = at::empty(x32.sizes(), at::kFloat);
@@ -89,6 +106,12 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    if constexpr (kCudaKernels) {
+      if (saved[0].is_cuda()) {
+        auto [dx, dweight] = cuda::rms_norm_backward(grads[0].contiguous(), saved[0], saved[1], saved[2]);
+        return {dx, dweight.to(saved[1].scalar_type()), at::Tensor()};
+      }
+    }
     const at::Tensor x32 = fp32(saved[0]), w32 = fp32(saved[1]), scale = saved[2], dy = fp32(grads[0]);
     const int64_t d = x32.size(-1), rows = x32.numel() / d;
     at::Tensor dx = at::empty(x32.sizes(), at::kFloat);
@@ -222,6 +245,13 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     if (gate.sizes() != up.sizes())
       throw ModelError(fmt::format("swiglu: gate [{}] and up [{}] differ", fmt::join(gate.sizes(), ", "),
                                    fmt::join(up.sizes(), ", ")));
+    if constexpr (kCudaKernels) {
+      if (gate.is_cuda()) {
+        const at::Tensor g = gate.contiguous(), u = up.contiguous();
+        ctx->save_for_backward({g, u});
+        return cuda::swiglu_forward(g, u);
+      }
+    }
     const at::Tensor g = fp32(gate), u = fp32(up);
     at::Tensor y = at::empty(g.sizes(), at::kFloat);
     const float *gp = g.data_ptr<float>(), *upp = u.data_ptr<float>();
@@ -235,6 +265,12 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    if constexpr (kCudaKernels) {
+      if (saved[0].is_cuda()) {
+        auto [dgate, dup] = cuda::swiglu_backward(grads[0].contiguous(), saved[0], saved[1]);
+        return {dgate, dup};
+      }
+    }
     const at::Tensor g = fp32(saved[0]), u = fp32(saved[1]), dy = fp32(grads[0]);
     at::Tensor dg = at::empty(g.sizes(), at::kFloat), du = at::empty(g.sizes(), at::kFloat);
     const float *gp = g.data_ptr<float>(), *upp = u.data_ptr<float>(), *dyp = dy.data_ptr<float>();
@@ -300,6 +336,11 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos,
                             const at::Tensor& sin) {
     const RotaryShape s = rotary_shape(x, cos, sin);
+    ctx->save_for_backward({cos, sin});
+    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
+    if constexpr (kCudaKernels) {
+      if (x.is_cuda()) return cuda::rotary_forward(x.contiguous(), fp32(cos), fp32(sin));
+    }
     const at::Tensor x32 = fp32(x), c = fp32(cos), sn = fp32(sin);
     at::Tensor y = at::empty(x32.sizes(), at::kFloat);
     const float *xp = x32.data_ptr<float>(), *cp = c.data_ptr<float>(), *sp = sn.data_ptr<float>();
@@ -309,13 +350,17 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
         rotary_rows(xp + p * s.heads * s.dim, cp + p * s.dim, sp + p * s.dim, yp + p * s.heads * s.dim,
                     s.heads, s.dim, 1.0F);
     });
-    ctx->save_for_backward({cos, sin});
-    ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
     return y.to(x.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
+    if constexpr (kCudaKernels) {
+      if (grads[0].is_cuda())
+        return {cuda::rotary_backward(grads[0].to(dtype).contiguous(), fp32(saved[0]), fp32(saved[1])),
+                at::Tensor(), at::Tensor()};
+    }
     const at::Tensor dy = fp32(grads[0]), c = fp32(saved[0]), sn = fp32(saved[1]);
     const RotaryShape s = rotary_shape(dy, c, sn);
     at::Tensor dx = at::empty(dy.sizes(), at::kFloat);
@@ -326,22 +371,29 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
         rotary_backward_rows(gp + p * s.heads * s.dim, cp + p * s.dim, sp + p * s.dim,
                              dxp + p * s.heads * s.dim, s.heads, s.dim);
     });
-    const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
     return {dx.to(dtype), at::Tensor(), at::Tensor()};
   }
 };
 
-// The kernels compute in fp32: other dtypes (fp64 in gradient checks) take the composite path.
-bool kernel_dtypes(std::initializer_list<const at::Tensor*> tensors) {
-  for (const at::Tensor* t : tensors)
-    if (t->scalar_type() != at::kFloat && t->scalar_type() != at::kBFloat16) return false;
+// Whether the fused kernels take these tensors: all on the CPU in fp32 or bf16, or all on CUDA (in
+// a CUDA build) in fp32, bf16 or fp16. Others (fp64 in gradient checks, other devices) take the
+// composite path.
+bool kernels_take(std::initializer_list<const at::Tensor*> tensors) {
+  const at::Device device = (*tensors.begin())->device();
+  const bool cuda = kCudaKernels && device.is_cuda();
+  if (!device.is_cpu() && !cuda) return false;
+  for (const at::Tensor* t : tensors) {
+    const at::ScalarType type = t->scalar_type();
+    if (t->device() != device) return false;
+    if (type != at::kFloat && type != at::kBFloat16 && !(cuda && type == at::kHalf)) return false;
+  }
   return true;
 }
 
 }  // namespace
 
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
-  if (!kernel_dtypes({&x, &weight})) return rms_norm_composite(x, weight, eps);
+  if (!kernels_take({&x, &weight})) return rms_norm_composite(x, weight, eps);
   return RmsNormFunction::apply(x, weight, eps);
 }
 
@@ -352,7 +404,10 @@ at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, dou
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  if (!kernel_dtypes({&x, &weight, &bias})) return layer_norm_composite(x, weight, bias, eps);
+  // On CUDA, ATen's own layer norm is one fused kernel with fp32 statistics.
+  if (x.is_cuda() && kernels_take({&x, &weight, &bias}))
+    return at::layer_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), bias.to(x.scalar_type()), eps);
+  if (!kernels_take({&x, &weight, &bias})) return layer_norm_composite(x, weight, bias, eps);
   return LayerNormFunction::apply(x, weight, bias, eps);
 }
 
@@ -367,7 +422,7 @@ at::Tensor layer_norm_composite(const at::Tensor& x, const at::Tensor& weight, c
 }
 
 at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
-  if (!kernel_dtypes({&gate, &up}) || gate.scalar_type() != up.scalar_type())
+  if (!kernels_take({&gate, &up}) || gate.scalar_type() != up.scalar_type())
     return swiglu_composite(gate, up);
   return SwigluFunction::apply(gate, up);
 }
@@ -375,7 +430,7 @@ at::Tensor swiglu(const at::Tensor& gate, const at::Tensor& up) {
 at::Tensor swiglu_composite(const at::Tensor& gate, const at::Tensor& up) { return at::silu(gate) * up; }
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  if (!kernel_dtypes({&x, &cos, &sin})) return rotary_composite(x, cos, sin);
+  if (!kernels_take({&x, &cos, &sin})) return rotary_composite(x, cos, sin);
   if (x.dim() < 2) return RotaryFunction::apply(x, cos, sin);  // refused there, with the shapes
   // Angles that broadcast over x's leading dimensions become one row per position.
   std::vector<int64_t> rows = x.sizes().vec();
