@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One-shot check of Loom against a CUDA build of PyTorch 2.x, for the GPU device machine: it builds
 # Loom (Release, Ninja, all cores) against the libtorch inside python3's torch package and runs the
-# unit tests, then e2e.data_parallel (the only test of dist::Comm over Gloo) when time allows.
+# unit tests (the CUDA kernels' among them, on the GPU), the CUDA kernel benchmarks, then
+# e2e.data_parallel (the only test of dist::Comm over Gloo) when time allows.
 #
 # That machine has no network and none of Loom's Debian -dev packages, so they travel as Debian 12
 # .deb files in the git-ignored folder .gpu/debs/ and are unpacked with `dpkg -x` into a private
@@ -141,7 +142,9 @@ fi
 project_include=()
 if [ "$CXX_STD" = 20 ]; then
   printf '%s\n' 'set(CMAKE_CXX17_STANDARD_COMPILE_OPTION "-std=c++20")' \
-    'set(CMAKE_CXX17_EXTENSION_COMPILE_OPTION "-std=gnu++20")' >"$P/cxx20.cmake"
+    'set(CMAKE_CXX17_EXTENSION_COMPILE_OPTION "-std=gnu++20")' \
+    'set(CMAKE_CUDA17_STANDARD_COMPILE_OPTION "-std=c++20")' \
+    'set(CMAKE_CUDA17_EXTENSION_COMPILE_OPTION "-std=c++20")' >"$P/cxx20.cmake"
   project_include=(-DCMAKE_PROJECT_INCLUDE="$P/cxx20.cmake")
 fi
 log "C++ standard: $CXX_STD"
@@ -175,7 +178,7 @@ if [ "${PIPESTATUS[0]}" -ne 0 ]; then
 fi
 grep -E "^(yaml-cpp|fmt|spdlog|GTest|benchmark|nlohmann_json|CLI11|Torch)_DIR|^(PNG_LIBRARY_RELEASE|ZLIB_LIBRARY_RELEASE|PNG_PNG_INCLUDE_DIR):" \
   "$B/CMakeCache.txt" | sed 's/^/  /'
-note "configure: OK in $(($(date +%s) - t)) s"
+note "configure: OK in $(($(date +%s) - t)) s; $(grep -m1 -o "Loom CUDA kernels: [A-Z]*" "$OUT/configure.log")"
 python3 - "$B/compile_commands.json" <<'PY'
 import json, sys
 for e in json.load(open(sys.argv[1])):
@@ -200,6 +203,16 @@ else
   STATUS=1
   note "FAIL: build (exit $build_rc; 124 = timed out) after $build_s s, $(grep -c 'error:' "$OUT/build.log") error lines; first:"
   grep -E "error:|undefined reference|FAILED:" "$OUT/build.log" | awk 'NR <= 40' | cut -c1-400
+fi
+# Failed CUDA kernels should not cost the rest of the check: rebuild without them (the kernel
+# tests then run under the CPU emulator) so the other tests still run; the check still fails.
+if [ "$build_rc" -ne 0 ] && grep -q "src/loom/kernels/cuda/" "$OUT/build.log" &&
+  [ $((DEADLINE - $(elapsed))) -gt 300 ]; then
+  note "FAIL: the CUDA kernels did not build (build.log); rebuilding with -DLOOM_CUDA_KERNELS=OFF"
+  t=$(date +%s)
+  cmake -S . -B "$B" -DLOOM_CUDA_KERNELS=OFF >>"$OUT/configure.log" 2>&1 &&
+    timeout "${LOOM_BUILD_TIMEOUT:-360}" cmake --build "$B" -j "$JOBS" -- -k 0 >"$OUT/build-without-cuda-kernels.log" 2>&1
+  note "build without the CUDA kernels: exit $? after $(($(date +%s) - t)) s"
 fi
 warnings=$(grep -c "warning:" "$OUT/build.log")
 log "compiler warnings: $warnings"
@@ -255,6 +268,36 @@ if [ -n "$crash" ]; then
       echo "exit of $B2/$target: $?"
     fi
   } 2>&1 | tee "$OUT/diagnose.log"
+fi
+
+# The CUDA kernels: their tests ran above (CudaKernels.*: against the composites on the GPU); here
+# their speed against the composites, forward + backward in bf16, through the public entry points.
+section "CUDA kernels"
+cuda_tests=$(grep -cE "CudaKernels\.[A-Za-z]+ \.+ +Passed" "$OUT/ctest-unit.log")
+cuda_failed=$(grep -E "CudaKernels\.[A-Za-z]+ .*(Failed|SEGFAULT|Exception|Timeout)" "$OUT/ctest-unit.log" | awk '{print $4}' | tr '\n' ' ')
+note "CUDA kernel tests: $cuda_tests passed${cuda_failed:+; FAILED: $cuda_failed}"
+left=$((DEADLINE - $(elapsed) - 150))
+[ "$left" -gt 120 ] && left=120
+if [ ! -x "$B/loom_bench_kernels_cuda" ]; then
+  note "CUDA kernel benchmarks: not run (not built)"
+elif [ "$left" -lt 30 ]; then
+  note "CUDA kernel benchmarks: not run (only $left s left for them)"
+else
+  timeout "$left" "$B/loom_bench_kernels_cuda" --benchmark_min_time=0.3 2>&1 | tee "$OUT/bench-cuda.log" |
+    grep -E "^(Attention|RmsNorm|Swiglu|Rotary)|rror"
+  python3 - "$OUT/bench-cuda.log" <<'PY' | tee -a "$OUT/bench-cuda.log"
+import re, sys
+times = {}
+for line in open(sys.argv[1]):
+    m = re.match(r"^(\S+?)(?:/real_time)?\s+([0-9.]+) ms", line)
+    if m:
+        times[m.group(1)] = float(m.group(2))
+for name, t in times.items():
+    other = name.replace("/flash/", "/composite/").replace("/fused", "/composite")
+    if other != name and other in times:
+        print(f"speedup {name}: {times[other] / t:.2f}x ({t:.3f} ms against {times[other]:.3f} ms)")
+PY
+  while read -r line; do note "$line"; done < <(grep "^speedup" "$OUT/bench-cuda.log")
 fi
 
 section "e2e.data_parallel (Gloo, TCPStore)"
