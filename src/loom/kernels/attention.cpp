@@ -343,8 +343,8 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   // The CPU kernel takes CPU tensors; the CUDA kernels (in a CUDA build) CUDA tensors of one
   // floating dtype. Other devices get the composite, which has no log-sum-exp to give.
   const at::ScalarType type = q.scalar_type();
-  const bool cuda = kCudaKernels && q.is_cuda() && k.is_cuda() && v.is_cuda() && type == k.scalar_type() &&
-                    type == v.scalar_type() &&
+  const bool cuda = kCudaKernels && q.is_cuda() && k.device() == q.device() && v.device() == q.device() &&
+                    type == k.scalar_type() && type == v.scalar_type() &&
                     (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
   if (!cuda && !(q.is_cpu() && k.is_cpu() && v.is_cpu())) {
     if (lse)

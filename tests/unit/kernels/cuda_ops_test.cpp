@@ -30,9 +30,9 @@ TEST(CudaKernels, RmsNormMatchesTheComposite) {
     int64_t rows, dim;
     at::ScalarType x_type, weight_type;
   };
-  for (const Case& c :
-       {Case{9, 64, at::kFloat, at::kFloat}, Case{5, 300, at::kFloat, at::kFloat},
-        Case{7, 200, at::kBFloat16, at::kBFloat16}, Case{6, 130, at::kBFloat16, at::kFloat}}) {
+  for (const Case& c : {Case{9, 64, at::kFloat, at::kFloat}, Case{5, 300, at::kFloat, at::kFloat},
+                        Case{7, 200, at::kBFloat16, at::kBFloat16}, Case{6, 130, at::kBFloat16, at::kFloat},
+                        Case{4, 100, at::kHalf, at::kHalf}}) {
     const std::string what = fmt::format("rows {}, dim {}, x {}, weight {}", c.rows, c.dim,
                                          c10::toString(c.x_type), c10::toString(c.weight_type));
     at::manual_seed(3);
@@ -57,12 +57,13 @@ TEST(CudaKernels, RmsNormMatchesTheComposite) {
 }
 
 TEST(CudaKernels, SwigluMatchesTheComposite) {
-  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     at::manual_seed(4);
     // 1000 elements: the last block is partial; gates span the saturated ends of the sigmoid.
     const at::Tensor gate = (at::randn({10, 100}) * 6).to(dtype), up = at::randn({10, 100}).to(dtype);
     const at::Tensor g_ref = gate.clone().set_requires_grad(true), u_ref = up.clone().set_requires_grad(true);
-    const at::Tensor y_ref = swiglu_composite(g_ref, u_ref);
+    // The reference in fp32 from the same rounded values (CPU silu has no fp16 kernel).
+    const at::Tensor y_ref = swiglu_composite(g_ref.to(at::kFloat), u_ref.to(at::kFloat));
     const at::Tensor grad = at::randn({10, 100}).to(dtype);
     (y_ref.to(at::kFloat) * grad.to(at::kFloat)).sum().backward();
     const std::string what = c10::toString(dtype);
@@ -151,12 +152,13 @@ TEST(CudaKernels, AttentionSlidingWindowsMatchTheComposite) {
 }
 
 // Head dimensions that fill a lane's slice only partly (40 of 64, 72 of 128) and the widest (160 of
-// 256, with 16-row streamed tiles); bf16 storage.
-TEST(CudaKernels, AttentionHeadDimensionsAndBf16) {
+// 256, with 16-row streamed tiles); bf16 and fp16 storage.
+TEST(CudaKernels, AttentionHeadDimensionsAndHalfPrecision) {
   compare_attention({{0, 33}, 2, 1, 40, true, 0, at::kFloat});
   compare_attention({{0, 20, 33}, 1, 1, 72, false, 0, at::kFloat});
   compare_attention({{0, 35}, 1, 1, 160, true, 0, at::kFloat});
   compare_attention({{0, 30, 50}, 2, 1, 32, true, 0, at::kBFloat16});
+  compare_attention({{0, 40}, 2, 2, 16, false, 0, at::kHalf});
 }
 
 // The public entry points (flash_attention, rms_norm, swiglu, rotary) on tensors of device(): in a

@@ -25,7 +25,7 @@ at::Tensor tiles_of(const std::vector<int64_t>& cu, at::Device device) {
       flat.push_back(static_cast<int32_t>(row));
     }
   static_assert(sizeof(Tile) == 3 * sizeof(int32_t), "Tile is three int32");
-  return at::tensor(flat, at::kInt).to(device);
+  return to_device(flat, at::kInt, device);
 }
 
 const Tile* tile_data(const at::Tensor& tiles) {
@@ -36,6 +36,9 @@ Geometry geometry_of(const at::Tensor& q, const at::Tensor& k, const AttentionSh
   if (q.size(2) > 256)
     throw ModelError("flash_attention: the CUDA kernel takes head_dim up to 256, got " +
                      std::to_string(q.size(2)));
+  if (q.size(1) > 65535)
+    throw ModelError("flash_attention: the CUDA kernel takes up to 65535 query heads, got " +
+                     std::to_string(q.size(1)));
   if (q.size(0) > std::numeric_limits<int32_t>::max())
     throw ModelError("flash_attention: the CUDA kernel takes up to 2^31 - 1 tokens, got " +
                      std::to_string(q.size(0)));
@@ -59,6 +62,7 @@ void dispatch_slice(int64_t dim, F&& f) {
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
                                                     const at::Tensor& v, const AttentionShape& shape) {
+  const DeviceGuard guard(q.device());
   const Geometry geo = geometry_of(q, k, shape);
   const int64_t tokens = q.size(0);
   at::Tensor out = at::empty_like(q);
@@ -81,6 +85,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& out,
                                                                   const at::Tensor& lse,
                                                                   const AttentionShape& shape) {
+  const DeviceGuard guard(q.device());
   const Geometry geo = geometry_of(q, k, shape);
   const int64_t tokens = q.size(0);
   const at::Tensor grad = dout.to(q.scalar_type()).contiguous();

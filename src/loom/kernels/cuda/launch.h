@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 
 #include <string>
+#include <vector>
 
 #include "loom/kernels/cuda/simt.h"
 #include "loom/util/errors.h"
@@ -12,9 +13,30 @@
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
 #endif
 
 namespace loom::kernels::cuda {
+
+// Makes the tensors' GPU the current device, whose stream the launches use.
+#if defined(__CUDACC__)
+using DeviceGuard = c10::cuda::CUDAGuard;
+#else
+struct DeviceGuard {
+  explicit DeviceGuard(at::Device) {}
+};
+#endif
+
+// A host vector as a tensor on `device`: on a GPU through pinned memory, without blocking the host.
+template <typename T>
+at::Tensor to_device(const std::vector<T>& values, at::ScalarType type, at::Device device) {
+  at::Tensor host = at::tensor(values, type);
+#if defined(__CUDACC__)
+  return host.pin_memory().to(device, /*non_blocking=*/true);
+#else
+  return host.to(device);
+#endif
+}
 
 template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), simt::Dim grid, int threads, Args... args) {

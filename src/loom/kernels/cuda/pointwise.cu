@@ -10,6 +10,7 @@ namespace loom::kernels::cuda {
 namespace {
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
+  const DeviceGuard guard(x.device());
   const int64_t d = x.size(-1), heads = x.size(-2), positions = x.numel() / (heads * d);
   at::Tensor y = at::empty_like(x);
   const int64_t pairs = positions * heads * (d / 2);
@@ -26,6 +27,7 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
 
 std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at::Tensor& weight,
                                                    double eps) {
+  const DeviceGuard guard(x.device());
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const at::Tensor w = weight.to(at::kFloat).contiguous();
   const at::ScalarType out_type = at::promote_types(x.scalar_type(), weight.scalar_type());
@@ -49,6 +51,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_forward(const at::Tensor& x, const at
 
 std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const at::Tensor& x,
                                                     const at::Tensor& weight, const at::Tensor& rstd) {
+  const DeviceGuard guard(x.device());
   const int64_t d = x.size(-1), rows = x.numel() / d;
   const at::Tensor w = weight.to(at::kFloat).contiguous();
   // dy in x's dtype or fp32 (the output's dtype when the weight is fp32 and x is not).
@@ -71,6 +74,7 @@ std::pair<at::Tensor, at::Tensor> rms_norm_backward(const at::Tensor& dy, const 
 }
 
 at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
+  const DeviceGuard guard(gate.device());
   at::Tensor y = at::empty_like(gate);
   const int64_t n = gate.numel();
   dispatch_floating(gate.scalar_type(), "swiglu", [&](auto tag) {
@@ -83,6 +87,7 @@ at::Tensor swiglu_forward(const at::Tensor& gate, const at::Tensor& up) {
 
 std::pair<at::Tensor, at::Tensor> swiglu_backward(const at::Tensor& dy, const at::Tensor& gate,
                                                   const at::Tensor& up) {
+  const DeviceGuard guard(gate.device());
   const at::Tensor g = dy.to(gate.scalar_type()).contiguous();
   at::Tensor dgate = at::empty_like(gate), dup = at::empty_like(up);
   const int64_t n = gate.numel();
