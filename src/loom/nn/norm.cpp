@@ -5,7 +5,8 @@
 
 namespace loom::nn {
 
-LayerNorm::LayerNorm(int64_t dim, double eps_, const parallel::ParamOptions& options) : eps(eps_) {
+LayerNorm::LayerNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
+    : eps(eps_), group_(options.tp) {
   weight = register_parameter("weight", at::empty({dim}, options.tensor_options()));
   bias = register_parameter("bias", at::empty({dim}, options.tensor_options()));
 }
@@ -20,8 +21,17 @@ at::Tensor LayerNorm::forward(const at::Tensor& x) const {
   return y.to(x.scalar_type());
 }
 
-RMSNorm::RMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options) : eps(eps_) {
+RMSNorm::RMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
+    : eps(eps_), group_(options.tp) {
   weight = register_parameter("weight", at::empty({dim}, options.tensor_options()));
+}
+
+std::map<std::string, parallel::ShardLayout> LayerNorm::layouts() const {
+  return {{"weight", parallel::whole_layout(group_)}, {"bias", parallel::whole_layout(group_)}};
+}
+
+std::map<std::string, parallel::ShardLayout> RMSNorm::layouts() const {
+  return {{"weight", parallel::whole_layout(group_)}};
 }
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {

@@ -7,22 +7,33 @@
 
 namespace loom::nn {
 
+// The norms are whole on every rank; built with a group under sequence parallelism (options.tp),
+// each rank normalises its chunk of the tokens and its gradients are partial sums over the group.
+
 // LayerNorm over the last dimension, with affine weight and bias.
-class LayerNorm : public torch::nn::Module {
+class LayerNorm : public torch::nn::Module, public parallel::Sharded {
  public:
   LayerNorm(int64_t dim, double eps, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x) const;  // x (..., dim) -> (..., dim)
+  std::map<std::string, parallel::ShardLayout> layouts() const override;
   at::Tensor weight, bias;
   double eps;
+
+ private:
+  parallel::TensorParallelGroup group_;
 };
 
 // RMSNorm: x / sqrt(mean(x^2) + eps) * weight, the statistics in fp32 whatever the input dtype.
-class RMSNorm : public torch::nn::Module {
+class RMSNorm : public torch::nn::Module, public parallel::Sharded {
  public:
   RMSNorm(int64_t dim, double eps, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x) const;  // x (..., dim) -> (..., dim)
+  std::map<std::string, parallel::ShardLayout> layouts() const override;
   at::Tensor weight;
   double eps;
+
+ private:
+  parallel::TensorParallelGroup group_;
 };
 
 }  // namespace loom::nn

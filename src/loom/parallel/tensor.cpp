@@ -130,12 +130,8 @@ at::Tensor RowParallelLinear::forward(const at::Tensor& x, int64_t seq_dim) cons
 
 std::map<std::string, ShardLayout> RowParallelLinear::layouts() const {
   std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 1)}};
-  if (bias.defined()) {
-    ShardLayout whole;
-    whole.comm = group_.comm;
-    whole.partial_grad = group_.sequence_parallel && group_.size() > 1;  // added to one sequence chunk
-    out["bias"] = whole;
-  }
+  // The bias is added to each rank's sequence chunk under sequence parallelism.
+  if (bias.defined()) out["bias"] = whole_layout(group_);
   return out;
 }
 
@@ -159,18 +155,19 @@ std::map<std::string, ShardLayout> VocabParallelEmbedding::layouts() const {
   return {{"weight", split_layout(group_, 0)}};
 }
 
+ShardLayout whole_layout(const TensorParallelGroup& group) {
+  ShardLayout whole;
+  whole.comm = group.comm;
+  whole.partial_grad = group.sequence_parallel && group.size() > 1;
+  return whole;
+}
+
 std::map<std::string, ShardLayout> shard_layouts(const torch::nn::Module& root) {
   std::map<std::string, ShardLayout> out;
   for (const auto& item : root.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
-    std::map<std::string, ShardLayout> own;
-    if (const auto* column = dynamic_cast<const ColumnParallelLinear*>(item.value().get())) {
-      own = column->layouts();
-    } else if (const auto* row = dynamic_cast<const RowParallelLinear*>(item.value().get())) {
-      own = row->layouts();
-    } else if (const auto* embedding = dynamic_cast<const VocabParallelEmbedding*>(item.value().get())) {
-      own = embedding->layouts();
-    }
-    for (auto& [name, layout] : own)
+    const auto* sharded = dynamic_cast<const Sharded*>(item.value().get());
+    if (!sharded) continue;
+    for (auto& [name, layout] : sharded->layouts())
       out[item.key().empty() ? name : item.key() + "." + name] = std::move(layout);
   }
   return out;

@@ -65,11 +65,24 @@ struct ShardLayout {
   std::vector<int64_t> whole_shape(at::IntArrayRef local) const;
 };
 
+// A module that says how its parameters lie over the ranks: cut (the parallel layers), or whole
+// with partial gradients (layers run on one sequence chunk per rank). shard_layouts() asks each.
+class Sharded {
+ public:
+  virtual ~Sharded() = default;
+  // This module's own parameters (not its children's) by name; those not listed are whole.
+  virtual std::map<std::string, ShardLayout> layouts() const = 0;
+};
+
+// A whole parameter's layout in a layer that `group` runs on: its gradient is partial over the
+// group under sequence parallelism (each rank sees one chunk of the tokens).
+ShardLayout whole_layout(const TensorParallelGroup& group);
+
 // y = x W^T + b with W (out, in) split along `out` over the group: each rank holds out/size rows
 // (of each of `parts` fused blocks of out/parts rows, so every rank gets whole heads of q, k and v).
 // `chunks` below the group size (a divisor of it) cuts W into that many slices instead, each held
 // by size/chunks consecutive ranks (kv heads replicated when tp exceeds them); 0: the group size.
-class ColumnParallelLinear : public torch::nn::Module {
+class ColumnParallelLinear : public torch::nn::Module, public Sharded {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options,
                        int64_t parts = 1, int64_t chunks = 0);
@@ -77,7 +90,7 @@ class ColumnParallelLinear : public torch::nn::Module {
   // layers enter once) -> (..., out/size); with gather_output, every rank's columns in order.
   at::Tensor forward(const at::Tensor& x, bool gather_output = false) const;
   const TensorParallelGroup& group() const { return group_; }
-  std::map<std::string, ShardLayout> layouts() const;
+  std::map<std::string, ShardLayout> layouts() const override;
   at::Tensor weight, bias;
 
  private:
@@ -87,13 +100,13 @@ class ColumnParallelLinear : public torch::nn::Module {
 
 // y = x W^T + b with W (out, in) split along `in`: each rank holds in/size columns; the partial
 // products are summed over the group (group().exit()), then the bias is added.
-class RowParallelLinear : public torch::nn::Module {
+class RowParallelLinear : public torch::nn::Module, public Sharded {
  public:
   RowParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options);
   // x (..., in/size) -> (..., out), whole, or this rank's chunk of `seq_dim` under sequence parallelism.
   at::Tensor forward(const at::Tensor& x, int64_t seq_dim) const;
   const TensorParallelGroup& group() const { return group_; }
-  std::map<std::string, ShardLayout> layouts() const;
+  std::map<std::string, ShardLayout> layouts() const override;
   at::Tensor weight, bias;
 
  private:
@@ -102,12 +115,12 @@ class RowParallelLinear : public torch::nn::Module {
 
 // Token embedding with the vocabulary split over the group: each rank looks up the ids in its
 // range, and the rows are summed over the group.
-class VocabParallelEmbedding : public torch::nn::Module {
+class VocabParallelEmbedding : public torch::nn::Module, public Sharded {
  public:
   VocabParallelEmbedding(int64_t vocab_size, int64_t dim, const ParamOptions& options);
   at::Tensor forward(const at::Tensor& ids) const;  // ids (...) int64 -> (..., dim), whole on every rank
   const TensorParallelGroup& group() const { return group_; }
-  std::map<std::string, ShardLayout> layouts() const;
+  std::map<std::string, ShardLayout> layouts() const override;
   int64_t vocab_start() const { return vocab_start_; }
   at::Tensor weight;
 
@@ -116,8 +129,8 @@ class VocabParallelEmbedding : public torch::nn::Module {
   int64_t vocab_start_ = 0;
 };
 
-// Every parameter of `root` that a tensor-parallel layer under it holds, by its full name, with
-// its layout; parameters not listed are whole on every rank.
+// Every parameter of `root` that a Sharded module under it lists, by its full name, with its
+// layout; parameters not listed are whole on every rank, with whole gradients.
 std::map<std::string, ShardLayout> shard_layouts(const torch::nn::Module& root);
 
 }  // namespace loom::parallel

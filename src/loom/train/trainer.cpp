@@ -211,18 +211,10 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
           throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", p.name));
         tp_replicated_.emplace_back(p.param, it->second);
       }
+      // Whole parameters run on one sequence chunk per rank (norms and row-parallel biases in
+      // the blocks, under sequence parallelism) hold partial gradients.
       if (it != layouts_.end() && it->second.partial_grad) tp_partial_.push_back(p.param);
     }
-    // Under sequence parallelism every whole parameter inside the blocks (norm scales, and biases
-    // added after a reduce-scatter) sees one chunk of the tokens per rank.
-    if (job_.parallel.sequence_parallel)
-      for (const auto& p : params) {
-        auto it = layouts_.find(p.name);
-        const bool in_block = p.name.rfind("model.layers.", 0) == 0 ||
-                              (job_.parallel.vision_tp != 1 && p.name.rfind("visual.blocks.", 0) == 0);
-        if (in_block && (it == layouts_.end() || (it->second.dim < 0 && !it->second.partial_grad)))
-          tp_partial_.push_back(p.param);
-      }
   }
   const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
   if (data_comm_ && job_.parallel.zero == 3) {

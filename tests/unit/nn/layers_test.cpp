@@ -163,6 +163,23 @@ TEST(LayerNorm, MatchesFormula) {
                 (x[c].item<double>() - mean) / std::sqrt(var + 1e-6) * (c + 1) + 0.1 * (c + 1), 1e-9);
 }
 
+// The norms are whole on every rank; shard_layouts lists their parameters so the trainer knows
+// whether their gradients are partial (only under sequence parallelism over a group of ranks).
+TEST(Norms, ReportWholeLayoutsWithWholeGradientsOnOneRank) {
+  parallel::ParamOptions options;
+  options.tp.sequence_parallel = true;  // a group of one rank: nothing is split, nothing partial
+  auto block = std::make_shared<torch::nn::Module>();
+  block->register_module("norm1", std::make_shared<LayerNorm>(4, 1e-6, options));
+  block->register_module("norm2", std::make_shared<RMSNorm>(4, 1e-6, options));
+  const auto layouts = parallel::shard_layouts(*block);
+  ASSERT_EQ(layouts.size(), 3u);
+  for (const char* name : {"norm1.weight", "norm1.bias", "norm2.weight"}) {
+    ASSERT_EQ(layouts.count(name), 1u) << name;
+    EXPECT_EQ(layouts.at(name).dim, -1) << name;
+    EXPECT_FALSE(layouts.at(name).partial_grad) << name;
+  }
+}
+
 TEST(Rotary, RotatesPairsOfHalves) {
   // For one head of dim 4 the pairs are (x0, x2) and (x1, x3), each rotated by its angle.
   auto x = at::tensor({1.0, 2.0, 3.0, 4.0}, at::kFloat).view({1, 1, 4});

@@ -103,7 +103,10 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   auto list = register_module("layers", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.num_layers; ++i)
     layers.push_back(list->append(std::make_shared<DecoderLayer>(c, options)));
-  norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  // The final norm runs on whole sequences: sequence parallelism ends before it.
+  parallel::ParamOptions whole = options;
+  whole.tp.sequence_parallel = false;
+  norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, whole));
 }
 
 at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids,
