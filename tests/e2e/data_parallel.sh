@@ -13,21 +13,13 @@ common=(--set training.steps=20 --set training.global_batch_size=16 --set traini
         --set training.save_every=0 --set training.threads=1 --set tools.log_every=5)
 small_job "${common[@]}" --set training.micro_batch_size=8 --set training.output_dir="$WORK/one" \
   > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
-dp_run() {  # name, ranks, extra options...
-  local name=$1 ranks=$2
-  shift 2
-  "$LOOM" run -n "$ranks" -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
-    --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
-    --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
-    { cat "$WORK/$name.log"; fail "$name run"; }
-}
-dp_run dp2 2 --set parallel.bucket_mb=1 --set training.save_every=10
-dp_run dp2_after_backward 2 --set parallel.overlap_grad_reduce=false
-dp_run dp4 4 --set parallel.bucket_mb=1
-dp_run zero1_dp4 4 --set parallel.zero=1 --set training.save_every=10
+parallel_run dp2 2 --set parallel.bucket_mb=1 --set training.save_every=10
+parallel_run dp2_after_backward 2 --set parallel.overlap_grad_reduce=false
+parallel_run dp4 4 --set parallel.bucket_mb=1
+parallel_run zero1_dp4 4 --set parallel.zero=1 --set training.save_every=10
 grep -q "^\[rank 0\] .*optimizer state [0-9.]* MiB (ZeRO-1: 1/4 of the master weights and moments)" "$WORK/zero1_dp4.log" ||
   { cat "$WORK/zero1_dp4.log"; fail "zero1: no memory report"; }
-dp_run fsdp_dp4 4 --set parallel.zero=3 --set training.save_every=10
+parallel_run fsdp_dp4 4 --set parallel.zero=3 --set training.save_every=10
 grep -q "^\[rank 0\] .*(FSDP: 1/4 of every trainable parameter, gradient and moment, in the root unit and 5 block units visual.blocks.0 to model.layers.2)" \
   "$WORK/fsdp_dp4.log" || { cat "$WORK/fsdp_dp4.log"; fail "fsdp: no memory report"; }
 # Step-10 checkpoints resumed under another layout: name, the run that saved it, options.
@@ -35,7 +27,7 @@ resume_run() {
   local name=$1 from=$2
   shift 2
   mkdir -p "$WORK/$name" && cp -r "$WORK/$from/step-00000010" "$WORK/$name/"
-  dp_run "$name" 2 "$@"
+  parallel_run "$name" 2 "$@"
   grep -q "^\[rank 0\] .*resum.*step-00000010" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "no resume in $name"; }
 }
 resume_run resumed_dp2_zero1_dp4 zero1_dp4

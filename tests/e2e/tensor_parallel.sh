@@ -18,26 +18,18 @@ common=(--set training.steps=20 --set training.global_batch_size=16 --set traini
         --set tools.dump_gradients=1)
 small_job "${common[@]}" --set training.micro_batch_size=4 --set training.output_dir="$WORK/one" \
   > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
-tp_run() {  # name, ranks, extra options...
-  local name=$1 ranks=$2
-  shift 2
-  "$LOOM" run -n "$ranks" -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
-    --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
-    --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
-    { cat "$WORK/$name.log"; fail "$name run"; }
-}
-tp_run tp2 2 --set parallel.tp=2 --set training.micro_batch_size=8
-tp_run tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8
-tp_run tp2_dp2 4 --set parallel.tp=2
-tp_run vision_tp1 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set training.micro_batch_size=8
-tp_run vision_tp1_sp 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set parallel.sequence_parallel=true \
+parallel_run tp2 2 --set parallel.tp=2 --set training.micro_batch_size=8
+parallel_run tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8
+parallel_run tp2_dp2 4 --set parallel.tp=2
+parallel_run vision_tp1 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set training.micro_batch_size=8
+parallel_run vision_tp1_sp 2 --set parallel.tp=2 --set parallel.vision_tp=1 --set parallel.sequence_parallel=true \
   --set training.micro_batch_size=8
 # tp=4 over the LLM's 2 kv heads: each kv head replicated on the 2 ranks whose query heads read it.
-tp_run tp4_kv_replicated 4 --set parallel.tp=4 --set parallel.vision_tp=1 --set training.micro_batch_size=8
+parallel_run tp4_kv_replicated 4 --set parallel.tp=4 --set parallel.vision_tp=1 --set training.micro_batch_size=8
 # One kv head (multi-query attention) at tp=2 with sequence parallelism, against its own single process.
 small_job "${common[@]}" --set training.micro_batch_size=4 --set model.hf_config.num_key_value_heads=1 \
   --set training.output_dir="$WORK/one_kv1" > "$WORK/one_kv1.log" 2>&1 || { cat "$WORK/one_kv1.log"; fail "one_kv1"; }
-tp_run tp2_sp_kv1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8 \
+parallel_run tp2_sp_kv1 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8 \
   --set model.hf_config.num_key_value_heads=1
 grep -q "^\[rank 0\] .*tensor parallelism (tp=2, sequence parallel): this rank holds" "$WORK/tp2_sp.log" ||
   { cat "$WORK/tp2_sp.log"; fail "no tensor-parallel memory report"; }
@@ -48,7 +40,7 @@ cp -r "$WORK/one/step-00000010" "$WORK/resumed_tp2_sp/"
 small_job "${common[@]}" --set training.micro_batch_size=4 --set tools.dump_gradients=0 \
   --set training.output_dir="$WORK/resumed_tp1" > "$WORK/resumed_tp1.log" 2>&1 ||
   { cat "$WORK/resumed_tp1.log"; fail "resume at tp=1"; }
-tp_run resumed_tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+parallel_run resumed_tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
   --set training.micro_batch_size=8 --set tools.dump_gradients=0
 for name in resumed_tp1 resumed_tp2_sp; do
   grep -q "resum.*step-00000010" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "no resume in $name"; }
