@@ -86,6 +86,23 @@ LOOM_DEVICE void load_tile(float (*tile)[kWidth], const T* base, int64_t row_str
   }
 }
 
+// x . row over the head dimension, this lane holding x's elements lane + i * kGroup: the lane's
+// partial products summed over its group (every lane of the group gets the dot product).
+template <int kSlice>
+LOOM_DEVICE float group_dot(const float (&x)[kSlice], const float* row, int lane) {
+  float partial = 0;
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) partial += x[i] * row[lane + i * kGroup];
+  return simt::group_sum<kGroup>(partial);
+}
+
+// acc += factor * row over this lane's elements of the head dimension.
+template <int kSlice>
+LOOM_DEVICE void add_scaled(float (&acc)[kSlice], float factor, const float* row, int lane) {
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) acc[i] += factor * row[lane + i * kGroup];
+}
+
 // Forward: out = softmax(q k^T scale) v over the visible keys, lse = log of the softmax's sum.
 // Grid (query tiles, query heads).
 template <typename T, int kSlice>
@@ -127,10 +144,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
     float tile_max = kMinusInfinity;
     LOOM_UNROLL
     for (int j = 0; j < kCols; ++j) {
-      float partial = 0;
-      LOOM_UNROLL
-      for (int i = 0; i < kSlice; ++i) partial += query[i] * keys[j][lane + i * kGroup];
-      const float score = simt::group_sum<kGroup>(partial);
+      const float score = group_dot(query, keys[j], lane);
       scores[j] = geo.visible(row, col0 + j, length) && col0 + j < col_end ? score : kMinusInfinity;
       tile_max = fmaxf(tile_max, scores[j]);
     }
@@ -146,8 +160,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
     for (int j = 0; j < kCols; ++j) {
       const float p = simt::exp(scores[j] - base);
       running_sum += p;
-      LOOM_UNROLL
-      for (int i = 0; i < kSlice; ++i) acc[i] += p * values[j][lane + i * kGroup];
+      add_scaled(acc, p, values[j], lane);
     }
     running_max = new_max;
   }
@@ -200,18 +213,10 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention
     simt::sync_threads();
     LOOM_UNROLL
     for (int j = 0; j < kCols; ++j) {
-      float score = 0, dp = 0;
-      LOOM_UNROLL
-      for (int i = 0; i < kSlice; ++i) {
-        score += query[i] * keys[j][lane + i * kGroup];
-        dp += grad_out[i] * values[j][lane + i * kGroup];
-      }
-      score = simt::group_sum<kGroup>(score);
-      dp = simt::group_sum<kGroup>(dp);
+      const float score = group_dot(query, keys[j], lane), dp = group_dot(grad_out, values[j], lane);
       const bool seen = geo.visible(row, col0 + j, length) && col0 + j < col_end;
       const float ds = seen ? simt::exp(score - row_lse) * (dp - row_delta) : 0.0F;
-      LOOM_UNROLL
-      for (int i = 0; i < kSlice; ++i) acc[i] += ds * keys[j][lane + i * kGroup];
+      add_scaled(acc, ds, keys[j], lane);
     }
   }
   if (row >= length) return;
@@ -268,22 +273,12 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention
       simt::sync_threads();
       LOOM_UNROLL
       for (int j = 0; j < kCols; ++j) {
-        float score = 0, dp = 0;
-        LOOM_UNROLL
-        for (int i = 0; i < kSlice; ++i) {
-          score += key[i] * queries[j][lane + i * kGroup];
-          dp += value[i] * grad_outs[j][lane + i * kGroup];
-        }
-        score = simt::group_sum<kGroup>(score);
-        dp = simt::group_sum<kGroup>(dp);
+        const float score = group_dot(key, queries[j], lane), dp = group_dot(value, grad_outs[j], lane);
         const bool seen = col < length && row0 + j < row_end && geo.visible(row0 + j, col, length);
         const float p = seen ? simt::exp(score - row_lse[j]) : 0.0F;
         const float ds = p * (dp - row_delta[j]);
-        LOOM_UNROLL
-        for (int i = 0; i < kSlice; ++i) {
-          dvalue[i] += p * grad_outs[j][lane + i * kGroup];
-          dkey[i] += ds * queries[j][lane + i * kGroup];  // queries carry the scale
-        }
+        add_scaled(dvalue, p, grad_outs[j], lane);
+        add_scaled(dkey, ds, queries[j], lane);  // the queries carry the scale
       }
     }
   }
