@@ -27,9 +27,10 @@ constexpr int kThreads = kRows * kGroup;  // 256
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
 // Blocks an SM should hold at once: register budgets for ptxas. Two blocks (128 registers a thread)
-// compile without spilling for head dimensions up to 128 (sm_90, CUDA 13: at most 12 bytes, in
-// the dk/dv kernel), and the forward kernel for every slice; the backward kernels of the widest
-// slice keep one block and up to 255 registers, which do not spill.
+// compile without spilling for head dimensions up to 128 (sm_90, CUDA 13; the dk/dv kernel at
+// 65-128 spills 24 bytes and reloads 40), and so does the forward kernel for every slice; the
+// backward kernels of the widest slice keep one block and up to 255 registers, which do not
+// spill (scripts/check-cuda-device-code.sh prints these counts).
 template <int kSlice>
 constexpr int blocks_per_sm() {
   return kSlice <= 16 ? 2 : 1;
@@ -103,6 +104,59 @@ LOOM_DEVICE void add_scaled(float (&acc)[kSlice], float factor, const float* row
   for (int i = 0; i < kSlice; ++i) acc[i] += factor * row[lane + i * kGroup];
 }
 
+// What one thread of a block works on: row `row` of the tile's segment (the last tile's spare
+// rows lie past the segment's end and only take part in the block's barriers and shuffles), its
+// token, and its lane within the row's group.
+struct TileRow {
+  Tile tile;
+  int64_t row, token;
+  int lane;
+  LOOM_DEVICE explicit TileRow(const Tile* tiles)
+      : tile(tiles[simt::block_index().x]),
+        row(tile.row + simt::thread_id() / kGroup),
+        token(tile.segment_begin + row),
+        lane(simt::thread_id() % kGroup) {}
+  LOOM_DEVICE bool inside() const { return row < tile.segment_length; }
+  // The tile's last row within the segment.
+  LOOM_DEVICE int64_t last_row() const {
+    return (tile.row + kRows < tile.segment_length ? tile.row + kRows : tile.segment_length) - 1;
+  }
+};
+
+// This lane's elements of one head's row (at `base`) in registers as fp32 times `factor`; zeros
+// for a row outside the segment and past D.
+template <int kSlice, typename T>
+LOOM_DEVICE void load_row(float (&x)[kSlice], const T* base, bool inside, int lane, int64_t dim,
+                          float factor) {
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    x[i] = inside && c < dim ? static_cast<float>(base[c]) * factor : 0.0F;
+  }
+}
+
+template <int kSlice, typename T>
+LOOM_DEVICE void store_row(T* base, const float (&x)[kSlice], float factor, int lane, int64_t dim) {
+  LOOM_UNROLL
+  for (int i = 0; i < kSlice; ++i) {
+    const int64_t c = lane + i * kGroup;
+    if (c < dim) base[c] = static_cast<T>(x[i] * factor);
+  }
+}
+
+// Keys and values [col0, col0 + kCols) of one key/value head of the segment into shared memory
+// (zeros from col_end), once every thread is done with the previous tile.
+template <int kCols, int kWidth, typename T>
+LOOM_DEVICE void load_keys_values(float (*keys)[kWidth], float (*values)[kWidth], const T* k, const T* v,
+                                  const TileRow& at, int64_t kv_head, const Geometry& geo, int64_t col0,
+                                  int64_t col_end) {
+  const int64_t stride = geo.kv_heads * geo.dim, offset = at.tile.segment_begin * stride + kv_head * geo.dim;
+  simt::sync_threads();
+  load_tile<kCols, kWidth>(keys, k + offset, stride, col0, col_end, geo.dim, 1.0F);
+  load_tile<kCols, kWidth>(values, v + offset, stride, col0, col_end, geo.dim, 1.0F);
+  simt::sync_threads();
+}
+
 // Forward: out = softmax(q k^T scale) v over the visible keys, lse = log of the softmax's sum.
 // Grid (query tiles, query heads).
 template <typename T, int kSlice>
@@ -113,39 +167,22 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
   constexpr int kWidth = kGroup * kSlice, kCols = cols_for<kSlice>();
   LOOM_SHARED float keys[kCols][kWidth];
   LOOM_SHARED float values[kCols][kWidth];
-  const Tile tile = tiles[simt::block_index().x];
+  const TileRow at(tiles);
   const int64_t head = simt::block_index().y, kv_head = head / (geo.heads / geo.kv_heads);
-  const int tid = simt::thread_id(), lane = tid % kGroup;
-  const int64_t length = tile.segment_length, row = tile.row + tid / kGroup;
-  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
-  const T* k_head = k + tile.segment_begin * kv_stride + kv_head * geo.dim;
-  const T* v_head = v + tile.segment_begin * kv_stride + kv_head * geo.dim;
-
-  float query[kSlice], acc[kSlice];
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    query[i] =
-        row < length && c < geo.dim
-            ? static_cast<float>(q[(tile.segment_begin + row) * q_stride + head * geo.dim + c]) * geo.scale
-            : 0.0F;
-    acc[i] = 0;
-  }
+  const int64_t length = at.tile.segment_length, row_offset = at.token * geo.heads * geo.dim + head * geo.dim;
+  float query[kSlice], acc[kSlice] = {};
+  load_row(query, q + row_offset, at.inside(), at.lane, geo.dim, geo.scale);
   float running_max = kMinusInfinity, running_sum = 0;
 
-  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  const int64_t col_begin = geo.key_begin(at.tile.row), col_end = geo.key_end(at.last_row(), length);
   for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
-    simt::sync_threads();
-    load_tile<kCols, kWidth>(keys, k_head, kv_stride, col0, col_end, geo.dim, 1.0F);
-    load_tile<kCols, kWidth>(values, v_head, kv_stride, col0, col_end, geo.dim, 1.0F);
-    simt::sync_threads();
+    load_keys_values<kCols, kWidth>(keys, values, k, v, at, kv_head, geo, col0, col_end);
     float scores[kCols];
     float tile_max = kMinusInfinity;
     LOOM_UNROLL
     for (int j = 0; j < kCols; ++j) {
-      const float score = group_dot(query, keys[j], lane);
-      scores[j] = geo.visible(row, col0 + j, length) && col0 + j < col_end ? score : kMinusInfinity;
+      const float score = group_dot(query, keys[j], at.lane);
+      scores[j] = geo.visible(at.row, col0 + j, length) ? score : kMinusInfinity;
       tile_max = fmaxf(tile_max, scores[j]);
     }
     const float new_max = fmaxf(running_max, tile_max);
@@ -160,18 +197,13 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
     for (int j = 0; j < kCols; ++j) {
       const float p = simt::exp(scores[j] - base);
       running_sum += p;
-      add_scaled(acc, p, values[j], lane);
+      add_scaled(acc, p, values[j], at.lane);
     }
     running_max = new_max;
   }
-  if (row >= length) return;
-  const int64_t token = tile.segment_begin + row;
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    if (c < geo.dim) out[token * q_stride + head * geo.dim + c] = static_cast<T>(acc[i] / running_sum);
-  }
-  if (lane == 0) lse[head * tokens + token] = running_max + simt::log(running_sum);
+  if (!at.inside()) return;
+  store_row(out + row_offset, acc, 1.0F / running_sum, at.lane, geo.dim);
+  if (at.lane == 0) lse[head * tokens + at.token] = running_max + simt::log(running_sum);
 }
 
 // dq = scale * sum_j dS_ij k_j with dS = P (dP - delta), P = exp(S - lse), dP = dout v^T.
@@ -183,52 +215,31 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention
   constexpr int kWidth = kGroup * kSlice, kCols = cols_for<kSlice>();
   LOOM_SHARED float keys[kCols][kWidth];
   LOOM_SHARED float values[kCols][kWidth];
-  const Tile tile = tiles[simt::block_index().x];
+  const TileRow at(tiles);
   const int64_t head = simt::block_index().y, kv_head = head / (geo.heads / geo.kv_heads);
-  const int tid = simt::thread_id(), lane = tid % kGroup;
-  const int64_t length = tile.segment_length, row = tile.row + tid / kGroup;
-  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
-  const T* k_head = k + tile.segment_begin * kv_stride + kv_head * geo.dim;
-  const T* v_head = v + tile.segment_begin * kv_stride + kv_head * geo.dim;
-  const int64_t token = tile.segment_begin + row;
+  const int64_t length = at.tile.segment_length, row_offset = at.token * geo.heads * geo.dim + head * geo.dim;
+  float query[kSlice], grad_out[kSlice], acc[kSlice] = {};
+  load_row(query, q + row_offset, at.inside(), at.lane, geo.dim, geo.scale);
+  load_row(grad_out, dout + row_offset, at.inside(), at.lane, geo.dim, 1.0F);
+  const float row_lse = at.inside() ? lse[head * tokens + at.token] : 0.0F;
+  const float row_delta = at.inside() ? delta[head * tokens + at.token] : 0.0F;
 
-  float query[kSlice], grad_out[kSlice], acc[kSlice];
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    const bool inside = row < length && c < geo.dim;
-    query[i] = inside ? static_cast<float>(q[token * q_stride + head * geo.dim + c]) * geo.scale : 0.0F;
-    grad_out[i] = inside ? static_cast<float>(dout[token * q_stride + head * geo.dim + c]) : 0.0F;
-    acc[i] = 0;
-  }
-  const float row_lse = row < length ? lse[head * tokens + token] : 0.0F;
-  const float row_delta = row < length ? delta[head * tokens + token] : 0.0F;
-
-  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  const int64_t col_begin = geo.key_begin(at.tile.row), col_end = geo.key_end(at.last_row(), length);
   for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
-    simt::sync_threads();
-    load_tile<kCols, kWidth>(keys, k_head, kv_stride, col0, col_end, geo.dim, 1.0F);
-    load_tile<kCols, kWidth>(values, v_head, kv_stride, col0, col_end, geo.dim, 1.0F);
-    simt::sync_threads();
+    load_keys_values<kCols, kWidth>(keys, values, k, v, at, kv_head, geo, col0, col_end);
     LOOM_UNROLL
     for (int j = 0; j < kCols; ++j) {
-      const float score = group_dot(query, keys[j], lane), dp = group_dot(grad_out, values[j], lane);
-      const bool seen = geo.visible(row, col0 + j, length) && col0 + j < col_end;
+      const float score = group_dot(query, keys[j], at.lane), dp = group_dot(grad_out, values[j], at.lane);
+      const bool seen = geo.visible(at.row, col0 + j, length);
       const float ds = seen ? simt::exp(score - row_lse) * (dp - row_delta) : 0.0F;
-      add_scaled(acc, ds, keys[j], lane);
+      add_scaled(acc, ds, keys[j], at.lane);
     }
   }
-  if (row >= length) return;
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    if (c < geo.dim) dq[token * q_stride + head * geo.dim + c] = static_cast<T>(acc[i] * geo.scale);
-  }
+  if (at.inside()) store_row(dq + row_offset, acc, geo.scale, at.lane, geo.dim);
 }
 
 // dv_j = sum_i P_ij dout_i and dk_j = scale * sum_i dS_ij q_i over every query head of the key
-// head's group. Grid (key tiles, key/value heads).
+// head's group. Grid (key tiles, key/value heads): the tile's rows are keys here.
 template <typename T, int kSlice>
 LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention_dkv_kernel(
     const T* q, const T* k, const T* v, const T* dout, const float* lse, const float* delta, T* dk, T* dv,
@@ -238,59 +249,44 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention
   LOOM_SHARED float grad_outs[kCols][kWidth];
   LOOM_SHARED float row_lse[kCols];
   LOOM_SHARED float row_delta[kCols];
-  const Tile tile = tiles[simt::block_index().x];
+  const TileRow at(tiles);
   const int64_t kv_head = simt::block_index().y, group = geo.heads / geo.kv_heads;
-  const int tid = simt::thread_id(), lane = tid % kGroup;
-  const int64_t length = tile.segment_length, col = tile.row + tid / kGroup;
-  const int64_t q_stride = geo.heads * geo.dim, kv_stride = geo.kv_heads * geo.dim;
-  const int64_t token = tile.segment_begin + col;
+  const int64_t length = at.tile.segment_length, col = at.row;
+  const int64_t q_stride = geo.heads * geo.dim,
+                col_offset = at.token * geo.kv_heads * geo.dim + kv_head * geo.dim;
+  float key[kSlice], value[kSlice], dkey[kSlice] = {}, dvalue[kSlice] = {};
+  load_row(key, k + col_offset, at.inside(), at.lane, geo.dim, 1.0F);
+  load_row(value, v + col_offset, at.inside(), at.lane, geo.dim, 1.0F);
 
-  float key[kSlice], value[kSlice], dkey[kSlice], dvalue[kSlice];
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    const bool inside = col < length && c < geo.dim;
-    key[i] = inside ? static_cast<float>(k[token * kv_stride + kv_head * geo.dim + c]) : 0.0F;
-    value[i] = inside ? static_cast<float>(v[token * kv_stride + kv_head * geo.dim + c]) : 0.0F;
-    dkey[i] = dvalue[i] = 0;
-  }
-
-  const int64_t last_col = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t row_begin = geo.query_begin(tile.row), row_end = geo.query_end(last_col, length);
+  const int64_t row_begin = geo.query_begin(at.tile.row), row_end = geo.query_end(at.last_row(), length);
   for (int64_t head = kv_head * group; head < (kv_head + 1) * group; ++head) {
-    const T* q_head = q + tile.segment_begin * q_stride + head * geo.dim;
-    const T* dout_head = dout + tile.segment_begin * q_stride + head * geo.dim;
-    const float* lse_head = lse + head * tokens + tile.segment_begin;
-    const float* delta_head = delta + head * tokens + tile.segment_begin;
+    const T* q_head = q + at.tile.segment_begin * q_stride + head * geo.dim;
+    const T* dout_head = dout + at.tile.segment_begin * q_stride + head * geo.dim;
+    const float* lse_head = lse + head * tokens + at.tile.segment_begin;
+    const float* delta_head = delta + head * tokens + at.tile.segment_begin;
     for (int64_t row0 = row_begin; row0 < row_end; row0 += kCols) {
       simt::sync_threads();
       load_tile<kCols, kWidth>(queries, q_head, q_stride, row0, row_end, geo.dim, geo.scale);
       load_tile<kCols, kWidth>(grad_outs, dout_head, q_stride, row0, row_end, geo.dim, 1.0F);
-      for (int r = tid; r < kCols; r += kThreads) {
+      for (int r = simt::thread_id(); r < kCols; r += kThreads) {
         row_lse[r] = row0 + r < row_end ? lse_head[row0 + r] : 0.0F;
         row_delta[r] = row0 + r < row_end ? delta_head[row0 + r] : 0.0F;
       }
       simt::sync_threads();
       LOOM_UNROLL
       for (int j = 0; j < kCols; ++j) {
-        const float score = group_dot(key, queries[j], lane), dp = group_dot(value, grad_outs[j], lane);
-        const bool seen = col < length && row0 + j < row_end && geo.visible(row0 + j, col, length);
+        const float score = group_dot(key, queries[j], at.lane), dp = group_dot(value, grad_outs[j], at.lane);
+        const bool seen = at.inside() && geo.visible(row0 + j, col, length);
         const float p = seen ? simt::exp(score - row_lse[j]) : 0.0F;
         const float ds = p * (dp - row_delta[j]);
-        add_scaled(dvalue, p, grad_outs[j], lane);
-        add_scaled(dkey, ds, queries[j], lane);  // the queries carry the scale
+        add_scaled(dvalue, p, grad_outs[j], at.lane);
+        add_scaled(dkey, ds, queries[j], at.lane);  // the queries carry the scale
       }
     }
   }
-  if (col >= length) return;
-  LOOM_UNROLL
-  for (int i = 0; i < kSlice; ++i) {
-    const int64_t c = lane + i * kGroup;
-    if (c < geo.dim) {
-      dk[token * kv_stride + kv_head * geo.dim + c] = static_cast<T>(dkey[i]);
-      dv[token * kv_stride + kv_head * geo.dim + c] = static_cast<T>(dvalue[i]);
-    }
-  }
+  if (!at.inside()) return;
+  store_row(dk + col_offset, dkey, 1.0F, at.lane, geo.dim);
+  store_row(dv + col_offset, dvalue, 1.0F, at.lane, geo.dim);
 }
 
 }  // namespace loom::kernels::cuda::flash
