@@ -341,10 +341,12 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
                            const std::vector<int64_t>& cu_seqlens, AttentionOptions options,
                            at::Tensor* lse) {
   // The CPU kernel takes CPU tensors; the CUDA kernels (in a CUDA build) CUDA tensors of one
-  // floating dtype. Other devices get the composite, which has no log-sum-exp to give.
+  // floating dtype on one device, head_dim up to 256. Others get the composite, which has no
+  // log-sum-exp to give.
   const at::ScalarType type = q.scalar_type();
   const bool cuda = kCudaKernels && q.is_cuda() && k.device() == q.device() && v.device() == q.device() &&
-                    type == k.scalar_type() && type == v.scalar_type() &&
+                    q.dim() == 3 && q.size(2) <= 256 && q.size(1) <= 65535 && type == k.scalar_type() &&
+                    type == v.scalar_type() &&
                     (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
   if (!cuda && !(q.is_cpu() && k.is_cpu() && v.is_cpu())) {
     if (lse)

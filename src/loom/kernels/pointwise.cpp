@@ -404,9 +404,11 @@ at::Tensor rms_norm_composite(const at::Tensor& x, const at::Tensor& weight, dou
 }
 
 at::Tensor layer_norm(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  // On CUDA, ATen's own layer norm is one fused kernel with fp32 statistics.
+  // On CUDA, ATen's own layer norm is one fused kernel; run in fp32 (as the CPU kernel computes),
+  // so the weight and bias gradients are fp32 sums too.
   if (x.is_cuda() && kernels_take({&x, &weight, &bias}))
-    return at::layer_norm(x, {x.size(-1)}, weight.to(x.scalar_type()), bias.to(x.scalar_type()), eps);
+    return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, weight.to(at::kFloat), bias.to(at::kFloat), eps)
+        .to(x.scalar_type());
   if (!kernels_take({&x, &weight, &bias})) return layer_norm_composite(x, weight, bias, eps);
   return LayerNormFunction::apply(x, weight, bias, eps);
 }

@@ -3,6 +3,7 @@
 // otherwise. Shapes are chosen to leave partial tiles, partial warps' worth of columns, empty
 // segments and head dimensions that do not fill a lane's slice.
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include "loom/kernels/attention.h"
 #include "loom/kernels/cuda/ops.h"
@@ -21,11 +22,19 @@ void expect_close(const at::Tensor& got, const at::Tensor& want, double toleranc
   EXPECT_LE(error, tolerance * scale) << what;
 }
 
+// A CUDA build on a machine without a GPU cannot run the kernels: the tests skip there.
+class CudaKernels : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!cuda::emulated() && !torch::cuda::is_available()) GTEST_SKIP() << "a CUDA build, but no GPU here";
+  }
+};
+
 double tolerance_of(at::ScalarType dtype) { return dtype == at::kFloat ? 1e-5 : 2e-2; }
 
-TEST(CudaKernels, RunWhereTheBuildSays) { EXPECT_EQ(cuda::device().is_cuda(), !cuda::emulated()); }
+TEST_F(CudaKernels, RunWhereTheBuildSays) { EXPECT_EQ(cuda::device().is_cuda(), !cuda::emulated()); }
 
-TEST(CudaKernels, RmsNormMatchesTheComposite) {
+TEST_F(CudaKernels, RmsNormMatchesTheComposite) {
   struct Case {
     int64_t rows, dim;
     at::ScalarType x_type, weight_type;
@@ -56,7 +65,7 @@ TEST(CudaKernels, RmsNormMatchesTheComposite) {
   }
 }
 
-TEST(CudaKernels, SwigluMatchesTheComposite) {
+TEST_F(CudaKernels, SwigluMatchesTheComposite) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kHalf}) {
     at::manual_seed(4);
     // 1000 elements: the last block is partial; gates span the saturated ends of the sigmoid.
@@ -77,7 +86,7 @@ TEST(CudaKernels, SwigluMatchesTheComposite) {
 
 // Angle rows whose two halves differ (as M-RoPE's and 2D vision RoPE's tables may), so the
 // backward's transpose is checked in general, not only as a rotation by minus the angle.
-TEST(CudaKernels, RotaryMatchesTheComposite) {
+TEST_F(CudaKernels, RotaryMatchesTheComposite) {
   for (at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
     at::manual_seed(5);
     const int64_t positions = 11, heads = 3, dim = 24;
@@ -142,18 +151,18 @@ void compare_attention(const AttentionCase& c) {
 
 // Segments of 37, 0 and 40 tokens: partial 32-row tiles and an empty segment; GQA, two query
 // heads per key/value head.
-TEST(CudaKernels, AttentionMatchesTheCompositeOnPackedSegments) {
+TEST_F(CudaKernels, AttentionMatchesTheCompositeOnPackedSegments) {
   for (bool causal : {true, false}) compare_attention({{0, 37, 37, 77}, 4, 2, 16, causal, 0, at::kFloat});
 }
 
-TEST(CudaKernels, AttentionSlidingWindowsMatchTheComposite) {
+TEST_F(CudaKernels, AttentionSlidingWindowsMatchTheComposite) {
   compare_attention({{0, 45, 70}, 2, 1, 16, true, 5, at::kFloat});
   compare_attention({{0, 45, 70}, 2, 2, 16, false, 40, at::kFloat});
 }
 
 // Head dimensions that fill a lane's slice only partly (40 of 64, 72 of 128) and the widest (160 of
 // 256, with 16-row streamed tiles); bf16 and fp16 storage.
-TEST(CudaKernels, AttentionHeadDimensionsAndHalfPrecision) {
+TEST_F(CudaKernels, AttentionHeadDimensionsAndHalfPrecision) {
   compare_attention({{0, 33}, 2, 1, 40, true, 0, at::kFloat});
   compare_attention({{0, 20, 33}, 1, 1, 72, false, 0, at::kFloat});
   compare_attention({{0, 35}, 1, 1, 160, true, 0, at::kFloat});
@@ -164,7 +173,7 @@ TEST(CudaKernels, AttentionHeadDimensionsAndHalfPrecision) {
 // The public entry points (flash_attention, rms_norm, swiglu, rotary) on tensors of device(): in a
 // CUDA build they dispatch to the CUDA kernels, forward and backward through autograd; in a CPU
 // build this runs the CPU kernels, which their own tests check too.
-TEST(CudaKernels, PublicEntryPointsMatchTheCompositesOnTheDevice) {
+TEST_F(CudaKernels, PublicEntryPointsMatchTheCompositesOnTheDevice) {
   at::manual_seed(8);
   auto leaf = [](const at::Tensor& t) { return on_device(t).clone().set_requires_grad(true); };
   auto check = [](const at::Tensor& fused, const std::vector<at::Tensor>& inputs, const at::Tensor& reference,

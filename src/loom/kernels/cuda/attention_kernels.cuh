@@ -26,11 +26,11 @@ constexpr int kRows = 32;                 // rows per block
 constexpr int kThreads = kRows * kGroup;  // 256
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
-// Blocks an SM should hold at once: register budgets for ptxas. Two blocks (128 registers a thread)
-// compile without spilling for head dimensions up to 128 (sm_90, CUDA 13; the dk/dv kernel at
-// 65-128 spills 24 bytes and reloads 40), and so does the forward kernel for every slice; the
-// backward kernels of the widest slice keep one block and up to 255 registers, which do not
-// spill (scripts/check-cuda-device-code.sh prints these counts).
+// Blocks an SM should hold at once: register budgets for ptxas. At two blocks (128 registers a
+// thread) the forward kernel never spills, the dq kernel does not up to head dimension 128, and
+// the dk/dv kernel spills 24 bytes (reloading 40) at 65-128 (sm_90, CUDA 13); the backward
+// kernels of the widest slice keep one block and up to 255 registers, which do not spill
+// (scripts/check-cuda-device-code.sh prints these counts).
 template <int kSlice>
 constexpr int blocks_per_sm() {
   return kSlice <= 16 ? 2 : 1;

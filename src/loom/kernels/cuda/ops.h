@@ -1,7 +1,7 @@
 // Loom's CUDA kernels as plain tensor functions: the forward and backward passes that the autograd
 // functions of kernels/ call for CUDA tensors. Inputs are fp32, bf16 or fp16, arithmetic is fp32.
 // Shapes are checked by those callers (they give the errors); these functions expect contiguous
-// inputs on device().
+// inputs on one device (a GPU they make current, or the CPU under the emulator).
 //
 // In a CUDA build they run on the GPU. In a CPU build the same kernel source is compiled for the
 // SIMT emulator (simt.h) and runs on CPU tensors, which is how the CPU-only CI tests it.

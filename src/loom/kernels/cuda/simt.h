@@ -75,9 +75,10 @@ inline float exp(float x) { return std::exp(x); }
 inline float rsqrt(float x) { return 1.0F / std::sqrt(x); }
 inline float log(float x) { return std::log(x); }
 
-// Runs `body` as every thread of every block of the grid; throws std::logic_error when the
-// threads of a block wait at different barriers (a deadlock on a GPU too) or a block's size is
-// not a whole number of warps.
+// Runs `body` as every thread of every block of the grid; throws std::logic_error when a block's
+// waiting threads can never all be released (some at the block barrier while their warp waits
+// in a shuffle for them, or barriers that live threads never reach: a deadlock on a GPU too) or a
+// block's size is not a whole number of warps. Barriers are counted, not told apart by call site.
 void emulate(Dim grid, int block_threads, const std::function<void()>& body);
 
 #endif

@@ -27,7 +27,7 @@ enum class Wait { kNone, kBlock, kWarp };
 struct Fiber {
   Thread thread;
   ucontext_t context{};
-  std::unique_ptr<char[]> stack;
+  char* stack = nullptr;
   Wait wait = Wait::kNone;
   bool done = false;
 };
@@ -46,6 +46,9 @@ struct Block {
 
 Block* block = nullptr;
 std::mutex launch_mutex;
+// Fiber stacks, kept from launch to launch (uninitialised memory: a stack needs none) and grown to
+// the largest block so far; used under launch_mutex.
+std::vector<std::unique_ptr<char[]>> stacks;
 
 void yield() { swapcontext(&block->running->context, &block->scheduler); }
 
@@ -114,7 +117,9 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
   Block b;
   b.body = &body;
   b.fibers.resize(block_threads);
-  for (Fiber& f : b.fibers) f.stack = std::make_unique<char[]>(kStackBytes);
+  while (stacks.size() < static_cast<size_t>(block_threads))
+    stacks.push_back(std::unique_ptr<char[]>(new char[kStackBytes]));
+  for (int t = 0; t < block_threads; ++t) b.fibers[t].stack = stacks[t].get();
   const int warps = block_threads / kWarp;
   b.lanes.assign(block_threads, 0.0F);
   block = &b;
@@ -138,13 +143,14 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
           f.wait = Wait::kNone;
           f.done = false;
           getcontext(&f.context);
-          f.context.uc_stack.ss_sp = f.stack.get();
+          f.context.uc_stack.ss_sp = f.stack;
           f.context.uc_stack.ss_size = kStackBytes;
           f.context.uc_link = &b.scheduler;
           makecontext(&f.context, run_fiber, 0);
         }
-        // Passes alternate between ascending and descending thread order, so a read of shared
-        // memory that a missing barrier leaves unordered sees the stale value in one of them.
+        // Passes alternate between ascending and descending thread order, so that reads of shared
+        // memory a missing barrier leaves unordered see stale values for some thread orders (the
+        // test AMissingBarrierShowsAsAStaleRead); this catches many such races, not all.
         for (int pass = 0; b.live > 0; ++pass) {
           bool progressed = false;
           for (int i = 0; i < block_threads; ++i) {
@@ -158,7 +164,7 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
           if (!progressed)
             throw std::logic_error("simt emulator: block (" + std::to_string(x) + ", " + std::to_string(y) +
                                    ", " + std::to_string(z) +
-                                   ") deadlocked: its threads wait at different barriers");
+                                   ") deadlocked: its waiting threads can never all be released");
         }
         if (b.error) std::rethrow_exception(b.error);
       }
