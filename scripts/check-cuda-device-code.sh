@@ -24,7 +24,10 @@ trap 'rm -rf "$work"' EXIT
 if [ -n "$NVCC" ]; then
   mkdir -p "$work/shim/c10/cuda/impl"
   printf '#pragma once\n#define C10_CUDA_BUILD_SHARED_LIBS\n' >"$work/shim/c10/cuda/impl/cuda_cmake_macros.h"
-  flags=(-std=c++17 --expt-relaxed-constexpr -arch=sm_90 -O3 -D_GLIBCXX_USE_CXX11_ABI=1 -Xptxas -v -I src)
+  # The flags CMake gives nvcc in a CUDA build (CMakeLists.txt, loom_kernels_cuda).
+  flags=(-std=c++17 --expt-relaxed-constexpr -D__CUDA_NO_HALF_OPERATORS__ -D__CUDA_NO_HALF_CONVERSIONS__
+    -D__CUDA_NO_BFLOAT16_CONVERSIONS__ -D__CUDA_NO_HALF2_OPERATORS__ -arch=sm_90 -O3 -D_GLIBCXX_USE_CXX11_ABI=1
+    -Xptxas -v -I src)
   for dir in "${INCLUDES[@]}"; do [ "$dir" = /usr/include ] || flags+=(-isystem "$dir"); done
   flags+=(-isystem "$work/shim")
   status=0

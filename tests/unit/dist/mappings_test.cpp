@@ -4,6 +4,7 @@
 // reaches its input have closed forms.
 #include "loom/dist/mappings.h"
 
+#include <c10/util/accumulate.h>
 #include <gtest/gtest.h>
 
 #include "loom_run_world.h"

@@ -10,10 +10,10 @@
 #include "loom/util/errors.h"
 
 #if defined(__CUDACC__)
-#include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAFunctions.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #endif
 
 namespace loom::kernels::cuda {
@@ -42,7 +42,7 @@ template <typename... Params, typename... Args>
 void launch(void (*kernel)(Params...), simt::Dim grid, int threads, Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 #if defined(__CUDACC__)
-  kernel<<<dim3(grid.x, grid.y, grid.z), threads, 0, at::cuda::getCurrentCUDAStream()>>>(args...);
+  kernel<<<dim3(grid.x, grid.y, grid.z), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 #else
   simt::emulate(grid, threads, [&] { kernel(args...); });
