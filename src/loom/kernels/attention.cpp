@@ -30,14 +30,6 @@ constexpr int64_t kForwardCols = 512;
 constexpr int64_t kCols = 256;
 constexpr float kMinusInfinity = -std::numeric_limits<float>::infinity();
 
-// CUDA tensors go to kernels/cuda in a CUDA build. Elsewhere the CUDA branches are still compiled
-// (so the CPU build checks them) but discarded, and CUDA tensors take the composite path.
-#if defined(LOOM_WITH_CUDA)
-constexpr bool kCudaKernels = true;
-#else
-constexpr bool kCudaKernels = false;
-#endif
-
 struct Problem {
   int64_t tokens = 0, heads = 0, kv_heads = 0, dim = 0;
   float scale = 1;
@@ -286,7 +278,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     ctx->saved_data["causal"] = causal;
     ctx->saved_data["scale"] = scale;
     ctx->saved_data["window"] = window;
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (q.is_cuda()) {
         const at::Tensor qc = q.contiguous(), kc = k.contiguous(), vc = v.contiguous();
         auto [out, lse] = cuda::attention_forward(qc, kc, vc, {p.cu, p.causal, p.scale, p.window});
@@ -311,7 +303,7 @@ class FlashAttentionFunction : public torch::autograd::Function<FlashAttentionFu
     const Problem p = problem_of(q, k, v, ctx->saved_data["cu_seqlens"].toIntVector(),
                                  {ctx->saved_data["causal"].toBool(), ctx->saved_data["scale"].toDouble(),
                                   ctx->saved_data["window"].toInt()});
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (q.is_cuda()) {
         auto [dq, dk, dv] = cuda::attention_backward(grads[0].contiguous(), q, k, v, out, lse,
                                                      {p.cu, p.causal, p.scale, p.window});
@@ -344,11 +336,11 @@ at::Tensor flash_attention(const at::Tensor& q, const at::Tensor& k, const at::T
   // floating dtype on one device, head_dim up to 256. Others get the composite, which has no
   // log-sum-exp to give.
   const at::ScalarType type = q.scalar_type();
-  const bool cuda = kCudaKernels && q.is_cuda() && k.device() == q.device() && v.device() == q.device() &&
-                    q.dim() == 3 && q.size(2) <= 256 && q.size(1) <= 65535 && type == k.scalar_type() &&
-                    type == v.scalar_type() &&
-                    (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
-  if (!cuda && !(q.is_cpu() && k.is_cpu() && v.is_cpu())) {
+  const bool on_cuda = cuda::kBuilt && q.is_cuda() && k.device() == q.device() && v.device() == q.device() &&
+                       q.dim() == 3 && q.size(2) <= 256 && q.size(1) <= 65535 && type == k.scalar_type() &&
+                       type == v.scalar_type() &&
+                       (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf);
+  if (!on_cuda && !(q.is_cpu() && k.is_cpu() && v.is_cpu())) {
     if (lse)
       throw ModelError(fmt::format("flash_attention: no kernel for {} tensors here to give the log-sum-exp",
                                    q.device().str()));

@@ -22,14 +22,6 @@ using torch::autograd::variable_list;
 
 constexpr int64_t kRowGrain = 16;  // rows per parallel task at least
 
-// CUDA tensors go to kernels/cuda in a CUDA build. Elsewhere the CUDA branches are still compiled
-// (so the CPU build checks them) but discarded, and CUDA tensors take the composite path.
-#if defined(LOOM_WITH_CUDA)
-constexpr bool kCudaKernels = true;
-#else
-constexpr bool kCudaKernels = false;
-#endif
-
 // fp32 copy of a bf16/fp32 tensor, contiguous (shares storage when it already is one).
 at::Tensor fp32(const at::Tensor& t) { return t.to(at::kFloat).contiguous(); }
 
@@ -81,7 +73,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
     const int64_t d = x.size(-1);
     if (weight.dim() != 1 || weight.size(0) != d)
       throw ModelError(fmt::format("rms_norm: weight of {} elements for rows of {}", weight.numel(), d));
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (x.is_cuda()) {
         const at::Tensor xc = x.contiguous();
         auto [y, rstd] = cuda::rms_norm_forward(xc, weight, eps);
@@ -106,7 +98,7 @@ class RmsNormFunction : public torch::autograd::Function<RmsNormFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (saved[0].is_cuda()) {
         auto [dx, dweight] = cuda::rms_norm_backward(grads[0].contiguous(), saved[0], saved[1], saved[2]);
         return {dx, dweight.to(saved[1].scalar_type()), at::Tensor()};
@@ -245,7 +237,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
     if (gate.sizes() != up.sizes())
       throw ModelError(fmt::format("swiglu: gate [{}] and up [{}] differ", fmt::join(gate.sizes(), ", "),
                                    fmt::join(up.sizes(), ", ")));
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (gate.is_cuda()) {
         const at::Tensor g = gate.contiguous(), u = up.contiguous();
         ctx->save_for_backward({g, u});
@@ -265,7 +257,7 @@ class SwigluFunction : public torch::autograd::Function<SwigluFunction> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (saved[0].is_cuda()) {
         auto [dgate, dup] = cuda::swiglu_backward(grads[0].contiguous(), saved[0], saved[1]);
         return {dgate, dup};
@@ -338,7 +330,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
     const RotaryShape s = rotary_shape(x, cos, sin);
     ctx->save_for_backward({cos, sin});
     ctx->saved_data["dtype"] = static_cast<int64_t>(x.scalar_type());
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (x.is_cuda()) return cuda::rotary_forward(x.contiguous(), fp32(cos), fp32(sin));
     }
     const at::Tensor x32 = fp32(x), c = fp32(cos), sn = fp32(sin);
@@ -356,7 +348,7 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
     const auto dtype = static_cast<at::ScalarType>(ctx->saved_data["dtype"].toInt());
-    if constexpr (kCudaKernels) {
+    if constexpr (cuda::kBuilt) {
       if (grads[0].is_cuda())
         return {cuda::rotary_backward(grads[0].to(dtype).contiguous(), fp32(saved[0]), fp32(saved[1])),
                 at::Tensor(), at::Tensor()};
@@ -380,12 +372,12 @@ class RotaryFunction : public torch::autograd::Function<RotaryFunction> {
 // composite path.
 bool kernels_take(std::initializer_list<const at::Tensor*> tensors) {
   const at::Device device = (*tensors.begin())->device();
-  const bool cuda = kCudaKernels && device.is_cuda();
-  if (!device.is_cpu() && !cuda) return false;
+  const bool on_cuda = cuda::kBuilt && device.is_cuda();
+  if (!device.is_cpu() && !on_cuda) return false;
   for (const at::Tensor* t : tensors) {
     const at::ScalarType type = t->scalar_type();
     if (t->device() != device) return false;
-    if (type != at::kFloat && type != at::kBFloat16 && !(cuda && type == at::kHalf)) return false;
+    if (type != at::kFloat && type != at::kBFloat16 && !(on_cuda && type == at::kHalf)) return false;
   }
   return true;
 }

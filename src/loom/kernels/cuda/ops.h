@@ -15,6 +15,15 @@
 
 namespace loom::kernels::cuda {
 
+// Whether CUDA tensors go to these kernels: a CUDA build. Elsewhere the callers' CUDA branches are
+// still compiled (`if constexpr`, so the CPU build checks them) but discarded, and CUDA tensors
+// take the composite path.
+#if defined(LOOM_WITH_CUDA)
+inline constexpr bool kBuilt = true;
+#else
+inline constexpr bool kBuilt = false;
+#endif
+
 // Where the kernels' tensors live: the current CUDA device, or the CPU under the emulator.
 at::Device device();
 bool emulated();
