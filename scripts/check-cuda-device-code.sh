@@ -6,9 +6,11 @@
 #    libtorch's headers (the include folders given as arguments, else /usr/include), for sm_90, and
 #    prints each kernel's registers and spills as ptxas reports them. A CPU-only libtorch lacks one
 #    generated CUDA header (c10/cuda/impl/cuda_cmake_macros.h); it is written here.
-#  - Else with clang's CUDA front end (NVPTX target): the device code (the .cuh files) to PTX, the
-#    few CUDA declarations it uses from a prelude written here, the kernels instantiated for fp32
-#    and a 16-bit storage type as the host code instantiates them for bf16 and fp16.
+#  - Else with clang's CUDA front end (NVPTX target): the CUDA-core kernels' device code
+#    (attention_kernels.cuh, pointwise_kernels.cuh) to PTX, the few CUDA declarations it uses from a
+#    prelude written here, instantiated for fp32 and a 16-bit storage type as the host code
+#    instantiates them for bf16 and fp16. The tensor-core kernels (attention_mma_kernels.cuh) need
+#    CUDA's own mma.h, so only the nvcc path compiles them.
 #   bash scripts/check-cuda-device-code.sh [--clang] [TORCH_INCLUDE_DIR ...]   (--clang: skip nvcc)
 # Exit 0: compiled; 1: a compile error (printed); 77: neither compiler here.
 set -uo pipefail
@@ -43,7 +45,12 @@ if [ -n "$NVCC" ]; then
   fi
   # ptxas: "Compiling entry function 'NAME'" then "... N bytes spill stores ..." and "Used R registers".
   cat "$work"/*.log | awk '
-    /Compiling entry function/ { name = $0; sub(/.*function .[_A-Za-z0-9]*(cuda|flash)[0-9]+/, "", name); sub(/I.*/, "", name) }
+    /Compiling entry function/ {
+      name = "?"
+      if (match($0, /(flash_mma|flash|cuda)[0-9]+[a-z_]+_kernel/)) {
+        name = substr($0, RSTART, RLENGTH); sub(/^(cuda|flash)[0-9]+/, "", name); sub(/[0-9]+/, "::", name)
+      }
+    }
     /spill stores/ { spills = $5 + $9 }
     /Used [0-9]+ registers/ { regs = $5; n[name]++; if (regs > top[name]) top[name] = regs; spill[name] += spills }
     END { for (k in n) printf "  %-26s %2d instances, up to %3d registers, %d bytes of spill stores and loads\n", k, n[k], top[k], spill[k] }' | sort
@@ -61,11 +68,13 @@ cat >"$work/prelude.h" <<'EOF'
 #define __shared__ __attribute__((shared))
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
+#define __align__(n) __attribute__((aligned(n)))
 #include <stdlib.h>
 #include <__clang_cuda_builtin_vars.h>
 __device__ inline float __shfl_xor_sync(unsigned mask, float v, int lane) {
   return __nvvm_shfl_sync_bfly_f32(mask, v, lane, 0x1f);
 }
+__device__ inline void __syncwarp(unsigned mask = 0xffffffffu) { __nvvm_bar_warp_sync(mask); }
 extern "C" __device__ float expf(float);
 extern "C" __device__ float logf(float);
 extern "C" __device__ float rsqrtf(float);

@@ -170,6 +170,20 @@ TEST_F(CudaKernels, AttentionHeadDimensionsAndHalfPrecision) {
   compare_attention({{0, 40}, 2, 2, 16, false, 0, at::kHalf});
 }
 
+// The tensor-core kernels (bf16 and fp16 up to head dimension 128, padded to 64, 80 or 128): 64-row
+// tiles cut by segments of 37, 0, 100 and 130 tokens, four query heads on one key/value head,
+// causal or not, windows; rows read 8 elements at a time, or one at a time when the head dimension
+// is no multiple of 8 (36); a 16-bit head dimension above 128 takes the CUDA-core kernels.
+TEST_F(CudaKernels, AttentionOnTheTensorCores) {
+  compare_attention({{0, 37, 37, 137, 267}, 4, 1, 64, true, 0, at::kBFloat16});
+  compare_attention({{0, 70, 150}, 2, 2, 80, false, 0, at::kBFloat16});
+  compare_attention({{0, 100}, 2, 1, 128, true, 0, at::kHalf});
+  compare_attention({{0, 90, 160}, 2, 1, 40, true, 20, at::kBFloat16});
+  compare_attention({{0, 90}, 1, 1, 72, false, 33, at::kHalf});
+  compare_attention({{0, 45, 110}, 2, 1, 36, true, 0, at::kBFloat16});
+  compare_attention({{0, 50}, 1, 1, 160, true, 0, at::kBFloat16});
+}
+
 // The public entry points (flash_attention, rms_norm, swiglu, rotary) on tensors of device(): in a
 // CUDA build they dispatch to the CUDA kernels, forward and backward through autograd; in a CPU
 // build this runs the CPU kernels, which their own tests check too.

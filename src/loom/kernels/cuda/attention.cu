@@ -1,5 +1,6 @@
-// Host side of flash attention on CUDA (attention_kernels.cuh): the tile table, the choice of
-// kernel instance for the dtype and head dimension, and the launches.
+// Host side of flash attention on CUDA: the tile table, the choice of kernels (the tensor-core ones of
+// attention_mma_kernels.cuh for bf16 and fp16 up to head dimension 128 on sm_80 or later, else the
+// fp32 CUDA-core ones of attention_kernels.cuh) and of their instance, and the launches.
 #include <algorithm>
 #include <limits>
 #include <string>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "loom/kernels/cuda/attention_kernels.cuh"
+#include "loom/kernels/cuda/attention_mma_kernels.cuh"
 #include "loom/kernels/cuda/launch.h"
 #include "loom/kernels/cuda/ops.h"
 
@@ -15,11 +17,11 @@ namespace {
 
 using namespace flash;
 
-// Tiles of kRows rows over every segment, as a device tensor of Tile.
-at::Tensor tiles_of(const std::vector<int64_t>& cu, at::Device device) {
+// Tiles of `rows` rows over every segment, as a device tensor of Tile.
+at::Tensor tiles_of(const std::vector<int64_t>& cu, int rows, at::Device device) {
   std::vector<int32_t> flat;
   for (size_t s = 0; s + 1 < cu.size(); ++s)
-    for (int64_t row = 0; row < cu[s + 1] - cu[s]; row += kRows) {
+    for (int64_t row = 0; row < cu[s + 1] - cu[s]; row += rows) {
       flat.push_back(static_cast<int32_t>(cu[s]));
       flat.push_back(static_cast<int32_t>(cu[s + 1] - cu[s]));
       flat.push_back(static_cast<int32_t>(row));
@@ -58,6 +60,33 @@ void dispatch_slice(int64_t dim, F&& f) {
     f(std::integral_constant<int, 32>{});
 }
 
+// Whether the tensor-core kernels take q: bf16 or fp16, head dimension up to 128, and (on a GPU)
+// compute capability 8.0 or later with code built for it (not JIT-compiled from an older
+// architecture's PTX, for which the kernels are empty).
+bool tensor_cores_take(const at::Tensor& q) {
+  if ((q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) || q.size(2) > 128) return false;
+#if defined(__CUDACC__)
+  int major = 0;
+  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
+  cudaFuncAttributes built{};
+  C10_CUDA_CHECK(cudaFuncGetAttributes(&built, flash_mma::forward_kernel<at::BFloat16, 64>));
+  return major >= 8 && built.ptxVersion >= 80;
+#else
+  return true;
+#endif
+}
+
+// Calls f(std::integral_constant<int, kDim>) for the tensor-core kernels' padded head dimension.
+template <typename F>
+void dispatch_padded_dim(int64_t dim, F&& f) {
+  if (dim <= 64)
+    f(std::integral_constant<int, 64>{});
+  else if (dim <= 80)
+    f(std::integral_constant<int, 80>{});
+  else
+    f(std::integral_constant<int, 128>{});
+}
+
 }  // namespace
 
 std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const at::Tensor& k,
@@ -67,7 +96,22 @@ std::pair<at::Tensor, at::Tensor> attention_forward(const at::Tensor& q, const a
   const int64_t tokens = q.size(0);
   at::Tensor out = at::empty_like(q);
   at::Tensor lse = at::empty({geo.heads, tokens}, q.options().dtype(at::kFloat));
-  const at::Tensor tiles = tiles_of(shape.cu_seqlens, q.device());
+  if (tensor_cores_take(q)) {
+    const at::Tensor tiles = tiles_of(shape.cu_seqlens, flash_mma::kRows, q.device());
+    const simt::Dim grid{static_cast<unsigned>(tiles.size(0) / 3), static_cast<unsigned>(geo.heads)};
+    dispatch_16bit(q.scalar_type(), "flash_attention", [&](auto tag) {
+      using T = decltype(tag);
+      dispatch_padded_dim(geo.dim, [&](auto dim) {
+        constexpr int kDim = decltype(dim)::value;
+        launch_shared(flash_mma::forward_kernel<T, kDim>, grid, flash_mma::kThreads,
+                      flash_mma::ForwardLayout<T, kDim>().bytes, q.data_ptr<T>(), k.data_ptr<T>(),
+                      v.data_ptr<T>(), out.data_ptr<T>(), lse.data_ptr<float>(), tile_data(tiles), tokens,
+                      geo);
+      });
+    });
+    return {out, lse};
+  }
+  const at::Tensor tiles = tiles_of(shape.cu_seqlens, kRows, q.device());
   const simt::Dim grid{static_cast<unsigned>(tiles.size(0) / 3), static_cast<unsigned>(geo.heads)};
   dispatch_floating(q.scalar_type(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);
@@ -92,7 +136,27 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   // delta_i = dout_i . out_i per query and head, (Hq, T) fp32.
   const at::Tensor delta = (grad.to(at::kFloat) * out.to(at::kFloat)).sum(-1).transpose(0, 1).contiguous();
   at::Tensor dq = at::empty_like(q), dk = at::empty_like(k), dv = at::empty_like(v);
-  const at::Tensor tiles = tiles_of(shape.cu_seqlens, q.device());
+  if (tensor_cores_take(q)) {
+    const at::Tensor tiles = tiles_of(shape.cu_seqlens, flash_mma::kRows, q.device());
+    const unsigned tile_count = static_cast<unsigned>(tiles.size(0) / 3);
+    dispatch_16bit(q.scalar_type(), "flash_attention", [&](auto tag) {
+      using T = decltype(tag);
+      dispatch_padded_dim(geo.dim, [&](auto dim) {
+        constexpr int kDim = decltype(dim)::value;
+        launch_shared(flash_mma::dq_kernel<T, kDim>, {tile_count, static_cast<unsigned>(geo.heads)},
+                      flash_mma::kThreads, flash_mma::DqLayout<T, kDim>().bytes, q.data_ptr<T>(),
+                      k.data_ptr<T>(), v.data_ptr<T>(), grad.data_ptr<T>(), lse.data_ptr<float>(),
+                      delta.data_ptr<float>(), dq.data_ptr<T>(), tile_data(tiles), tokens, geo);
+        launch_shared(flash_mma::dkv_kernel<T, kDim>, {tile_count, static_cast<unsigned>(geo.kv_heads)},
+                      flash_mma::kThreads, flash_mma::DkvLayout<T, kDim>().bytes, q.data_ptr<T>(),
+                      k.data_ptr<T>(), v.data_ptr<T>(), grad.data_ptr<T>(), lse.data_ptr<float>(),
+                      delta.data_ptr<float>(), dk.data_ptr<T>(), dv.data_ptr<T>(), tile_data(tiles), tokens,
+                      geo);
+      });
+    });
+    return {dq, dk, dv};
+  }
+  const at::Tensor tiles = tiles_of(shape.cu_seqlens, kRows, q.device());
   const unsigned tile_count = static_cast<unsigned>(tiles.size(0) / 3);
   dispatch_floating(q.scalar_type(), "flash_attention", [&](auto tag) {
     using T = decltype(tag);

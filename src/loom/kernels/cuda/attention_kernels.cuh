@@ -1,4 +1,6 @@
-// Flash attention on CUDA, FlashAttention-2's algorithm with fp32 arithmetic on the CUDA cores.
+// Flash attention on CUDA, FlashAttention-2's algorithm with fp32 arithmetic on the CUDA cores: for
+// fp32, head dimensions above 128 and GPUs before sm_80 (bf16 and fp16 up to 128 take the tensor
+// cores, attention_mma_kernels.cuh).
 //
 // A block owns a tile of kRows rows of one segment and one head: query rows in the forward pass
 // and in the dq pass, key rows in the dk/dv pass. Each row is worked by a group of kGroup adjacent

@@ -3,6 +3,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <cstddef>
 #include <string>
 #include <vector>
 
@@ -38,15 +39,39 @@ at::Tensor to_device(const std::vector<T>& values, at::ScalarType type, at::Devi
 #endif
 }
 
+// Launches `kernel` with `shared_bytes` of dynamic shared memory (simt::dynamic_shared) a block.
 template <typename... Params, typename... Args>
-void launch(void (*kernel)(Params...), simt::Dim grid, int threads, Args... args) {
+void launch_shared(void (*kernel)(Params...), simt::Dim grid, int threads, size_t shared_bytes,
+                   Args... args) {
   if (grid.x == 0 || grid.y == 0 || grid.z == 0) return;
 #if defined(__CUDACC__)
-  kernel<<<dim3(grid.x, grid.y, grid.z), threads, 0, c10::cuda::getCurrentCUDAStream()>>>(args...);
+  // Beyond 48 KiB a block, a kernel must opt in (up to its GPU's limit; the launch check reports more).
+  if (shared_bytes > 48 * 1024)
+    C10_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                        static_cast<int>(shared_bytes)));
+  kernel<<<dim3(grid.x, grid.y, grid.z), threads, shared_bytes, c10::cuda::getCurrentCUDAStream()>>>(args...);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 #else
-  simt::emulate(grid, threads, [&] { kernel(args...); });
+  simt::emulate(
+      grid, threads, [&] { kernel(args...); }, shared_bytes);
 #endif
+}
+
+template <typename... Params, typename... Args>
+void launch(void (*kernel)(Params...), simt::Dim grid, int threads, Args... args) {
+  launch_shared(kernel, grid, threads, 0, args...);
+}
+
+// Calls f(T{}) with T the C++ type of a 16-bit floating dtype (bf16, fp16).
+template <typename F>
+void dispatch_16bit(at::ScalarType type, const char* op, F&& f) {
+  if (type == at::kBFloat16)
+    f(at::BFloat16{});
+  else if (type == at::kHalf)
+    f(at::Half{});
+  else
+    throw ModelError(std::string(op) + ": this CUDA kernel takes bf16 or fp16 tensors, not " +
+                     c10::toString(type));
 }
 
 // Calls f(T{}) with T the C++ type of a floating dtype the kernels take (fp32, bf16, fp16).

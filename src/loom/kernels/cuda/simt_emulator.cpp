@@ -4,6 +4,8 @@
 // live thread of its scope has arrived; threads that have returned no longer count, as on a GPU.
 #include <ucontext.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <exception>
 #include <memory>
 #include <mutex>
@@ -40,7 +42,8 @@ struct Block {
   int live = 0;
   int at_block_barrier = 0;
   std::vector<int> live_in_warp, at_warp_barrier;
-  std::vector<float> lanes;  // one shuffle slot per thread
+  std::vector<float> lanes;         // one shuffle slot per thread (warp_all_gather's: a few per thread)
+  unsigned char* shared = nullptr;  // dynamic shared memory
   std::exception_ptr error;
 };
 
@@ -96,6 +99,24 @@ void run_fiber() {
 
 void sync_threads() { wait_at(Wait::kBlock); }
 
+void sync_warp() { wait_at(Wait::kWarp); }
+
+unsigned char* dynamic_shared() { return block->shared; }
+
+void warp_all_gather(const float* mine, int count, float* all) {
+  Block& b = *block;
+  const int id = b.running->thread.id, warp = id / kWarp;
+  if (b.lanes.size() < b.fibers.size() * count) b.lanes.resize(b.fibers.size() * count);
+  std::copy(mine, mine + count, b.lanes.begin() + static_cast<std::ptrdiff_t>(id) * count);
+  wait_at(Wait::kWarp);  // every lane has written
+  if (b.live_in_warp[warp] != kWarp)
+    throw std::logic_error("simt emulator: a warp-wide matrix operation in warp " + std::to_string(warp) +
+                           " after some of its lanes returned");
+  const auto first = b.lanes.begin() + static_cast<std::ptrdiff_t>(warp) * kWarp * count;
+  std::copy(first, first + kWarp * count, all);
+  wait_at(Wait::kWarp);  // every lane has read before the next exchange writes
+}
+
 float shuffle_xor(float value, int lane_mask) {
   Block& b = *block;
   const int id = b.running->thread.id, partner = id ^ lane_mask;
@@ -108,7 +129,7 @@ float shuffle_xor(float value, int lane_mask) {
 
 }  // namespace emulator
 
-void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
+void emulate(Dim grid, int block_threads, const std::function<void()>& body, size_t shared_bytes) {
   using namespace emulator;
   if (block_threads <= 0 || block_threads % kWarp != 0)
     throw std::logic_error("simt emulator: a block of " + std::to_string(block_threads) +
@@ -122,6 +143,9 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
   for (int t = 0; t < block_threads; ++t) b.fibers[t].stack = stacks[t].get();
   const int warps = block_threads / kWarp;
   b.lanes.assign(block_threads, 0.0F);
+  // 128-byte aligned, as CUDA's dynamic shared memory.
+  std::vector<unsigned char> shared(shared_bytes + 128);
+  b.shared = shared.data() + (128 - reinterpret_cast<uintptr_t>(shared.data()) % 128) % 128;
   block = &b;
   struct Reset {
     ~Reset() {
@@ -137,6 +161,7 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body) {
         b.at_block_barrier = 0;
         b.live_in_warp.assign(warps, kWarp);
         b.at_warp_barrier.assign(warps, 0);
+        std::fill(b.shared, b.shared + shared_bytes, 0xff);
         for (int t = 0; t < block_threads; ++t) {
           Fiber& f = b.fibers[t];
           f.thread = {t, block_threads, {x, y, z}, grid};
