@@ -177,6 +177,46 @@ LOOM_DEVICE void index_fragment(mma::Accumulator& index, float* scratch, bool ro
   simt::sync_warp();
 }
 
+// s = a b^T and t = c d^T over the head dimension, for 16-row strips of head-dimension tiles: the
+// scores and the output gradients' products with the values, of a query strip and a key strip (or
+// transposed, of a key strip and a query strip).
+template <int kDim, typename T>
+LOOM_DEVICE void transposed_products(mma::Accumulator& s, const T* a, const T* b, mma::Accumulator& t,
+                                     const T* c, const T* d) {
+  constexpr int kLd = ld_of<kDim>();
+  mma::zero(s);
+  mma::zero(t);
+  LOOM_UNROLL
+  for (int i = 0; i < kDim / kTile; ++i) {
+    mma::MatrixA<T> left;
+    mma::MatrixBT<T> right;
+    mma::load(left, a + i * kTile, kLd);
+    mma::load(right, b + i * kTile, kLd);
+    mma::multiply_add(s, left, right);
+    mma::load(left, c + i * kTile, kLd);
+    mma::load(right, d + i * kTile, kLd);
+    mma::multiply_add(t, left, right);
+  }
+}
+
+// acc += strip tile: a warp's 16 x kCols strip of probabilities or score gradients (ld kHalfLd)
+// times a kCols x kDim tile of values, keys, output gradients or queries (ld ld_of<kDim>()).
+template <int kDim, typename T>
+LOOM_DEVICE void accumulate_products(mma::Accumulator (&acc)[kDim / kTile], const T* strip, const T* tile) {
+  constexpr int kLd = ld_of<kDim>();
+  LOOM_UNROLL
+  for (int c = 0; c < kCols / kTile; ++c) {
+    mma::MatrixA<T> left;
+    mma::load(left, strip + c * kTile, kHalfLd);
+    LOOM_UNROLL
+    for (int d = 0; d < kDim / kTile; ++d) {
+      mma::MatrixB<T> right;
+      mma::load(right, tile + c * kTile * kLd + d * kTile, kLd);
+      mma::multiply_add(acc[d], left, right);
+    }
+  }
+}
+
 // Row r of every accumulator times factors[r], rows found through the row-index fragment.
 template <int kSlices>
 LOOM_DEVICE void scale_rows(mma::Accumulator (&acc)[kSlices], const float* factors,
@@ -294,17 +334,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void forward_kernel(const T* q, cons
     running_max = new_max;
     simt::sync_warp();
     scale_rows(acc, factors, row_of);
-    LOOM_UNROLL
-    for (int c = 0; c < kCols / kTile; ++c) {
-      mma::MatrixA<T> p;
-      mma::load(p, probs + c * kTile, kHalfLd);
-      LOOM_UNROLL
-      for (int d = 0; d < kSlices; ++d) {
-        mma::MatrixB<T> value;
-        mma::load(value, values + c * kTile * kLd + d * kTile, kLd);
-        mma::multiply_add(acc[d], p, value);
-      }
-    }
+    accumulate_products<kDim>(acc, probs, values);
   }
   running_sum += simt::shuffle_xor(running_sum, 1);
   simt::sync_warp();  // every lane has read the last factors
@@ -372,19 +402,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dq_kernel(const T* q, const T* 
     LOOM_UNROLL
     for (int n = 0; n < kCols / kTile; ++n) {
       mma::Accumulator s, dp;
-      mma::zero(s);
-      mma::zero(dp);
-      LOOM_UNROLL
-      for (int d = 0; d < kSlices; ++d) {
-        mma::MatrixA<T> a;
-        mma::MatrixBT<T> b;
-        mma::load(a, queries + d * kTile, kLd);
-        mma::load(b, keys + n * kTile * kLd + d * kTile, kLd);
-        mma::multiply_add(s, a, b);
-        mma::load(a, grad_outs + d * kTile, kLd);
-        mma::load(b, values + n * kTile * kLd + d * kTile, kLd);
-        mma::multiply_add(dp, a, b);
-      }
+      transposed_products<kDim>(s, queries, keys + n * kTile * kLd, dp, grad_outs, values + n * kTile * kLd);
       LOOM_UNROLL
       for (int i = 0; i < mma::Accumulator::num_elements; ++i) {
         const int r = static_cast<int>(row_of.x[i]), c = n * kTile + static_cast<int>(col_of.x[i]);
@@ -394,17 +412,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dq_kernel(const T* q, const T* 
       }
     }
     simt::sync_warp();
-    LOOM_UNROLL
-    for (int c = 0; c < kCols / kTile; ++c) {
-      mma::MatrixA<T> ds;
-      mma::load(ds, dscores + c * kTile, kHalfLd);
-      LOOM_UNROLL
-      for (int d = 0; d < kSlices; ++d) {
-        mma::MatrixB<T> key;
-        mma::load(key, keys + c * kTile * kLd + d * kTile, kLd);
-        mma::multiply_add(acc[d], ds, key);
-      }
-    }
+    accumulate_products<kDim>(acc, dscores, keys);
   }
   store_rows(dq + q_offset, q_stride, warp_row, length, geo.dim, acc, geo.scale, scratch);
 #else
@@ -471,19 +479,8 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dkv_kernel(const T* q, const T*
       LOOM_UNROLL
       for (int n = 0; n < kCols / kTile; ++n) {
         mma::Accumulator st, dpt;
-        mma::zero(st);
-        mma::zero(dpt);
-        LOOM_UNROLL
-        for (int d = 0; d < kSlices; ++d) {
-          mma::MatrixA<T> a;
-          mma::MatrixBT<T> b;
-          mma::load(a, keys + d * kTile, kLd);
-          mma::load(b, queries + n * kTile * kLd + d * kTile, kLd);
-          mma::multiply_add(st, a, b);
-          mma::load(a, values + d * kTile, kLd);
-          mma::load(b, grad_outs + n * kTile * kLd + d * kTile, kLd);
-          mma::multiply_add(dpt, a, b);
-        }
+        transposed_products<kDim>(st, keys, queries + n * kTile * kLd, dpt, values,
+                                  grad_outs + n * kTile * kLd);
         LOOM_UNROLL
         for (int i = 0; i < mma::Accumulator::num_elements; ++i) {
           const int r = static_cast<int>(row_of.x[i]), j = n * kTile + static_cast<int>(col_of.x[i]);
@@ -494,20 +491,8 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dkv_kernel(const T* q, const T*
         }
       }
       simt::sync_warp();
-      LOOM_UNROLL
-      for (int c = 0; c < kCols / kTile; ++c) {
-        mma::MatrixA<T> p, ds;
-        mma::load(p, probs + c * kTile, kHalfLd);
-        mma::load(ds, dscores + c * kTile, kHalfLd);
-        LOOM_UNROLL
-        for (int d = 0; d < kSlices; ++d) {
-          mma::MatrixB<T> b;
-          mma::load(b, grad_outs + c * kTile * kLd + d * kTile, kLd);
-          mma::multiply_add(dvalue[d], p, b);
-          mma::load(b, queries + c * kTile * kLd + d * kTile, kLd);
-          mma::multiply_add(dkey[d], ds, b);
-        }
-      }
+      accumulate_products<kDim>(dvalue, probs, grad_outs);
+      accumulate_products<kDim>(dkey, dscores, queries);
     }
   }
   store_rows(dk + kv_offset, kv_stride, warp_col, length, geo.dim, dkey, geo.scale, scratch);
