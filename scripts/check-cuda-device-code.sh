@@ -69,6 +69,7 @@ cat >"$work/prelude.h" <<'EOF'
 #define __forceinline__ __inline__ __attribute__((always_inline))
 #define __launch_bounds__(...) __attribute__((launch_bounds(__VA_ARGS__)))
 #define __align__(n) __attribute__((aligned(n)))
+struct __attribute__((aligned(16))) uint4 { unsigned x, y, z, w; };
 #include <stdlib.h>
 #include <__clang_cuda_builtin_vars.h>
 __device__ inline float __shfl_xor_sync(unsigned mask, float v, int lane) {
