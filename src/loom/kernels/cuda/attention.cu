@@ -61,16 +61,14 @@ void dispatch_slice(int64_t dim, F&& f) {
 }
 
 // Whether the tensor-core kernels take q: bf16 or fp16, head dimension up to 128, and (on a GPU)
-// compute capability 8.0 or later with code built for it (not JIT-compiled from an older
-// architecture's PTX, for which the kernels are empty).
+// code built for sm_80 or later in the image the current GPU runs. That also rules out older GPUs,
+// and newer ones that JIT-compile an older architecture's PTX, for which the kernels are empty.
 bool tensor_cores_take(const at::Tensor& q) {
   if ((q.scalar_type() != at::kBFloat16 && q.scalar_type() != at::kHalf) || q.size(2) > 128) return false;
 #if defined(__CUDACC__)
-  int major = 0;
-  C10_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, q.device().index()));
   cudaFuncAttributes built{};
   C10_CUDA_CHECK(cudaFuncGetAttributes(&built, flash_mma::forward_kernel<at::BFloat16, 64>));
-  return major >= 8 && built.ptxVersion >= 80;
+  return built.ptxVersion >= 80;
 #else
   return true;
 #endif

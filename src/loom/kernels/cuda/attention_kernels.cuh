@@ -48,6 +48,29 @@ constexpr int cols_for() {
 // within the segment. Built on the host, in the order blocks take them.
 struct Tile {
   int32_t segment_begin, segment_length, row;
+  // The last row within the segment of a tile of `rows` rows.
+  LOOM_DEVICE int64_t last_row(int rows) const {
+    return (row + rows < segment_length ? row + rows : segment_length) - 1;
+  }
+};
+
+// One row's online softmax over streamed tiles: the running maximum of its visible scores and the
+// sum of their exponentials against it.
+struct RunningSoftmax {
+  float max = kMinusInfinity, sum = 0;
+  // Moves on to a tile whose visible scores peak at tile_max: returns the factor that the sum
+  // (rescaled here) and the row's accumulators take, and sets `base`, the exponent base of the
+  // tile's probabilities. While nothing is visible yet the maximum is -inf; exponents are then
+  // taken against 0, which leaves every probability (and the zero accumulators) at 0.
+  LOOM_DEVICE float next_tile(float tile_max, float& base) {
+    const float new_max = fmaxf(max, tile_max);
+    base = new_max == kMinusInfinity ? 0.0F : new_max;
+    const float rescale = simt::exp(max - base);
+    sum *= rescale;
+    max = new_max;
+    return rescale;
+  }
+  LOOM_DEVICE float lse() const { return max + simt::log(sum); }
 };
 
 struct Geometry {
@@ -120,9 +143,7 @@ struct TileRow {
         lane(simt::thread_id() % kGroup) {}
   LOOM_DEVICE bool inside() const { return row < tile.segment_length; }
   // The tile's last row within the segment.
-  LOOM_DEVICE int64_t last_row() const {
-    return (tile.row + kRows < tile.segment_length ? tile.row + kRows : tile.segment_length) - 1;
-  }
+  LOOM_DEVICE int64_t last_row() const { return tile.last_row(kRows); }
 };
 
 // This lane's elements of one head's row (at `base`) in registers as fp32 times `factor`; zeros
@@ -174,7 +195,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
   const int64_t length = at.tile.segment_length, row_offset = at.token * geo.heads * geo.dim + head * geo.dim;
   float query[kSlice], acc[kSlice] = {};
   load_row(query, q + row_offset, at.inside(), at.lane, geo.dim, geo.scale);
-  float running_max = kMinusInfinity, running_sum = 0;
+  RunningSoftmax softmax;
 
   const int64_t col_begin = geo.key_begin(at.tile.row), col_end = geo.key_end(at.last_row(), length);
   for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
@@ -187,25 +208,20 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void attention_forward_kernel(const 
       scores[j] = geo.visible(at.row, col0 + j, length) ? score : kMinusInfinity;
       tile_max = fmaxf(tile_max, scores[j]);
     }
-    const float new_max = fmaxf(running_max, tile_max);
-    // While nothing is visible yet the maximum is -inf; exponents are then taken against 0, which
-    // leaves every probability (and the zero accumulators) at 0.
-    const float base = new_max == kMinusInfinity ? 0.0F : new_max;
-    const float rescale = simt::exp(running_max - base);
-    running_sum *= rescale;
+    float base;
+    const float rescale = softmax.next_tile(tile_max, base);
     LOOM_UNROLL
     for (int i = 0; i < kSlice; ++i) acc[i] *= rescale;
     LOOM_UNROLL
     for (int j = 0; j < kCols; ++j) {
       const float p = simt::exp(scores[j] - base);
-      running_sum += p;
+      softmax.sum += p;
       add_scaled(acc, p, values[j], at.lane);
     }
-    running_max = new_max;
   }
   if (!at.inside()) return;
-  store_row(out + row_offset, acc, 1.0F / running_sum, at.lane, geo.dim);
-  if (at.lane == 0) lse[head * tokens + at.token] = running_max + simt::log(running_sum);
+  store_row(out + row_offset, acc, 1.0F / softmax.sum, at.lane, geo.dim);
+  if (at.lane == 0) lse[head * tokens + at.token] = softmax.lse();
 }
 
 // dq = scale * sum_j dS_ij k_j with dS = P (dP - delta), P = exp(S - lse), dP = dout v^T.

@@ -36,6 +36,7 @@ namespace loom::kernels::cuda::flash_mma {
 
 using flash::Geometry;
 using flash::kMinusInfinity;
+using flash::RunningSoftmax;
 using flash::Tile;
 using simt::kWarp;
 using simt::mma::kTile;
@@ -287,9 +288,8 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void forward_kernel(const T* q, cons
   // Lanes 2r and 2r + 1 take row r's softmax, the even and the odd columns.
   const int r = lane / 2, half = lane % 2;
   const int64_t row = warp_row + r;
-  float running_max = kMinusInfinity, running_sum = 0;
-  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  RunningSoftmax softmax;  // the same in both lanes of the row, the sum over the lane's columns
+  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(tile.last_row(kRows), length);
   const int64_t kv_offset = tile.segment_begin * kv_stride + kv_head * geo.dim;
   for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
     simt::sync_threads();  // everyone is done with the previous tile (and the queries)
@@ -318,29 +318,24 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void forward_kernel(const T* q, cons
       tile_max = fmaxf(tile_max, x[i]);
     }
     tile_max = fmaxf(tile_max, simt::shuffle_xor(tile_max, 1));
-    const float new_max = fmaxf(running_max, tile_max);
-    // While nothing is visible yet the maximum is -inf; exponents are then taken against 0, which
-    // leaves every probability (and the zero accumulators) at 0.
-    const float base = new_max == kMinusInfinity ? 0.0F : new_max;
-    const float rescale = simt::exp(running_max - base);
-    running_sum *= rescale;
+    float base;
+    const float rescale = softmax.next_tile(tile_max, base);
     LOOM_UNROLL
     for (int i = 0; i < kCols / 2; ++i) {
       const float p = simt::exp(x[i] - base);
-      running_sum += p;
+      softmax.sum += p;
       probs[r * kHalfLd + 2 * i + half] = static_cast<T>(p);
     }
     if (half == 0) factors[r] = rescale;
-    running_max = new_max;
     simt::sync_warp();
     scale_rows(acc, factors, row_of);
     accumulate_products<kDim>(acc, probs, values);
   }
-  running_sum += simt::shuffle_xor(running_sum, 1);
+  softmax.sum += simt::shuffle_xor(softmax.sum, 1);
   simt::sync_warp();  // every lane has read the last factors
   if (half == 0) {
-    factors[r] = running_sum > 0 ? 1.0F / running_sum : 0.0F;
-    if (row < length) lse[head * tokens + tile.segment_begin + row] = running_max + simt::log(running_sum);
+    factors[r] = softmax.sum > 0 ? 1.0F / softmax.sum : 0.0F;
+    if (row < length) lse[head * tokens + tile.segment_begin + row] = softmax.lse();
   }
   simt::sync_warp();
   scale_rows(acc, factors, row_of);
@@ -391,8 +386,7 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dq_kernel(const T* q, const T* 
   LOOM_UNROLL
   for (int d = 0; d < kSlices; ++d) mma::zero(acc[d]);
 
-  const int64_t last_row = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(last_row, length);
+  const int64_t col_begin = geo.key_begin(tile.row), col_end = geo.key_end(tile.last_row(kRows), length);
   const int64_t kv_offset = tile.segment_begin * kv_stride + kv_head * geo.dim;
   for (int64_t col0 = col_begin; col0 < col_end; col0 += kCols) {
     simt::sync_threads();
@@ -462,8 +456,8 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dkv_kernel(const T* q, const T*
     mma::zero(dvalue[d]);
   }
 
-  const int64_t last_col = (tile.row + kRows < length ? tile.row + kRows : length) - 1;
-  const int64_t row_begin = geo.query_begin(tile.row), row_end = geo.query_end(last_col, length);
+  // The tile's rows are keys: its last row is its last key.
+  const int64_t row_begin = geo.query_begin(tile.row), row_end = geo.query_end(tile.last_row(kRows), length);
   for (int64_t head = kv_head * group; head < (kv_head + 1) * group; ++head) {
     const int64_t q_offset = tile.segment_begin * q_stride + head * geo.dim;
     const float* lse_head = lse + head * tokens + tile.segment_begin;
