@@ -92,4 +92,16 @@ assert [r["answer"] for r in rows] == ["square", "blue", "ok", "grey", "yes", "H
 assert all(r["predicted"] == r["answer"] for r in rows), rows
 assert rows[1]["question"] == "Sky<image>" and rows[0]["question_type"] == "eval.jsonl", rows
 PY
+# A held-out sample whose image is gone is a one-line error naming it, for `loom eval` and
+# `loom train` alike, before any work (it used to crash the evaluation).
+{ cat "$WORK/eval.jsonl"; echo '{"messages": [{"role": "user", "content": "<image>Gone?"}, {"role": "assistant", "content": "no"}], "images": ["images/missing.png"]}'; } > "$WORK/eval-bad.jsonl"
+sed "s|$WORK/eval.jsonl|$WORK/eval-bad.jsonl|" "$WORK/job.yaml" > "$WORK/job-bad.yaml"
+for command in eval train; do
+  extra=(); [ "$command" = eval ] && extra=(--checkpoint "$WORK/run/step-00000150")
+  if "$LOOM" "$command" "$WORK/job-bad.yaml" "${extra[@]}" --set training.output_dir="$WORK/bad" > "$WORK/bad.log" 2>&1; then
+    cat "$WORK/bad.log"; fail "$command accepted a held-out sample with a missing image"
+  fi
+  grep -qx "loom: error: held-out sample 6 of $WORK/eval-bad.jsonl cannot be used (missing image): image file $FIX/images/missing.png does not exist" "$WORK/bad.log" ||
+    { cat "$WORK/bad.log"; fail "$command: no one-line error naming the bad held-out sample"; }
+done
 echo "messages: trained on a mixed conversation set, skipped and counted the bad samples, learned every reply"

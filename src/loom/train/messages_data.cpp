@@ -82,15 +82,21 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
   std::vector<data::DatasetSpec> specs;
   for (const auto& file : data.datasets) specs.push_back(spec_of(file));
   train_ = std::make_unique<data::ConversationMix>(specs, seed, skips_);
+  // A held-out sample that cannot be used is an error, found here before any training: skipping
+  // it would change what the evaluation measures, and finding it at the first evaluation would
+  // cost the run up to then. Each prompt is built once now, its images decoded, and dropped.
   for (const auto& file : data.eval_datasets) {
-    auto samples = data::read_conversations(spec_of(file), skips_);
+    data::SkipLog problems;
+    auto samples = data::read_conversations(spec_of(file), problems);
+    throw_if_unusable(problems);
+    for (const data::Conversation& conversation : samples) held_out_prompt(conversation);
     eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
                  std::make_move_iterator(samples.end()));
   }
   if (!data.eval_datasets.empty()) {
     if (data.eval_samples > static_cast<int64_t>(eval_.size()))
       throw ConfigError(
-          fmt::format("data.eval_samples: {} is more than the {} usable held-out samples of "
+          fmt::format("data.eval_samples: {} is more than the {} held-out samples of "
                       "data.eval_datasets",
                       data.eval_samples, eval_.size()));
     eval_samples_ = data.eval_samples;
@@ -133,25 +139,30 @@ TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
   return out;
 }
 
+data::TokenizedExample MessagesData::held_out_prompt(const data::Conversation& conversation) const {
+  data::SkipLog problems;
+  auto built = prompt_template_->build(conversation, problems);
+  if (!built) throw_if_unusable(problems);
+  data::TokenizedExample ex = to_example(*built, conversation);
+  if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
+    throw DataError(
+        fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",
+                    conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
+  return ex;
+}
+
 data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
-  for (int64_t i = begin; i < end; ++i) {
-    const data::Conversation& conversation = eval_.at(static_cast<size_t>(i));
-    data::SkipLog problems;
-    auto built = prompt_template_->build(conversation, problems);
-    if (!built) {
-      const data::SkipRecord& problem = problems.records().at(0);
-      throw DataError(fmt::format("held-out sample {} of {} cannot be used ({}): {}", problem.sample_index,
-                                  problem.file, data::skip_kind_name(problem.kind), problem.reason));
-    }
-    data::TokenizedExample ex = to_example(*built, conversation);
-    if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
-      throw DataError(
-          fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",
-                      conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
-    examples.push_back(std::move(ex));
-  }
+  for (int64_t i = begin; i < end; ++i) examples.push_back(held_out_prompt(eval_.at(static_cast<size_t>(i))));
   return data::collate(examples, pad_id_);
+}
+
+void MessagesData::throw_if_unusable(const data::SkipLog& problems) {
+  const std::vector<data::SkipRecord> records = problems.records();
+  if (records.empty()) return;
+  const data::SkipRecord& problem = records.front();
+  throw DataError(fmt::format("held-out sample {} of {} cannot be used ({}): {}", problem.sample_index,
+                              problem.file, data::skip_kind_name(problem.kind), problem.reason));
 }
 
 }  // namespace loom::train

@@ -16,8 +16,10 @@ namespace loom::train {
 
 class MessagesData : public JobData {
  public:
-  // Reads every training and held-out file now (bad samples are skipped and counted); ConfigError
-  // when data.eval_samples is more than the usable held-out samples.
+  // Reads every training and held-out file now. Bad training samples are skipped and counted; a
+  // held-out sample that cannot be used (malformed, placeholders not matching its images, an image
+  // missing or not decoding, a prompt over data.max_seq_len) is a DataError naming its file and
+  // index. ConfigError when data.eval_samples is more than the held-out samples.
   MessagesData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image);
 
   const data::Tokenizer& tokenizer() const override { return *tokenizer_; }
@@ -31,6 +33,11 @@ class MessagesData : public JobData {
   int64_t eval_samples() const override { return eval_samples_; }
 
  private:
+  // One held-out conversation as a generation prompt; DataError naming it when it cannot be one.
+  data::TokenizedExample held_out_prompt(const data::Conversation& conversation) const;
+  // DataError for the first problem recorded, if any.
+  static void throw_if_unusable(const data::SkipLog& problems);
+
   config::DataSection section_;
   std::string tokenizer_path_;
   std::unique_ptr<data::Tokenizer> tokenizer_;

@@ -1,0 +1,142 @@
+// The user's conversation files as job data: a held-out sample that cannot be used (a missing,
+// truncated or zero-byte image, placeholders that do not match the images, a malformed sample, a
+// prompt over data.max_seq_len) is a one-line DataError naming its file and index when the data
+// is read, before any training; a usable held-out set builds its prompts.
+#include "loom/train/messages_data.h"
+
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
+
+namespace loom::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kFixtures = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/conversations";
+
+class MessagesDataTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string pattern = (fs::temp_directory_path() / "loom-messages-test-XXXXXX").string();
+    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
+    dir_ = pattern;
+    fs::copy_file(kFixtures + "/images/red.png", dir_ + "/red.png");
+    fs::copy_file(kFixtures + "/images/sky.jpg", dir_ + "/sky.jpg");
+    write(dir_ + "/train.jsonl", sample("red.png", "red"));
+  }
+  void TearDown() override {
+    std::error_code error;
+    remove_tree(dir_, error);
+  }
+
+  static std::string sample(const std::string& image, const std::string& answer,
+                            const std::string& question = "<image>Colour?") {
+    return R"({"messages": [{"role": "user", "content": ")" + question +
+           R"("}, {"role": "assistant", "content": ")" + answer + R"("}], "images": [")" + image + "\"]}\n";
+  }
+  static void write(const std::string& path, const std::string& text) {
+    std::ofstream out(path, std::ios::binary | std::ios::trunc);
+    out << text;
+  }
+
+  config::DataSection section(const std::string& eval_text, int64_t eval_samples = 1) const {
+    write(dir_ + "/eval.jsonl", eval_text);
+    config::DataSection d;
+    d.dataset = "messages";
+    d.tokenizer = kFixtures + "/chatml_bpe_tokenizer.json";
+    d.datasets.push_back({dir_ + "/train.jsonl", dir_, 1.0, {}});
+    d.eval_datasets.push_back({dir_ + "/eval.jsonl", dir_, 1.0, {}});
+    d.eval_samples = eval_samples;
+    d.max_pixels = 3136;
+    return d;
+  }
+
+  // The one-line error reading `eval_text` as the held-out file gives, "" when there is none.
+  std::string held_out_error(const std::string& eval_text, int64_t eval_samples = 1) const {
+    const data::Qwen2VLImageOptions image;
+    try {
+      const MessagesData data(section(eval_text, eval_samples), 1, image);
+      data.eval_prompts(0, data.eval_samples());
+    } catch (const DataError& e) {
+      return e.what();
+    }
+    return "";
+  }
+
+  std::string dir_;
+};
+
+TEST_F(MessagesDataTest, AUsableHeldOutSetGivesItsPrompts) {
+  const data::Qwen2VLImageOptions image;
+  const MessagesData data(section(sample("red.png", "red") + sample("sky.jpg", "blue"), 2), 1, image);
+  const data::Batch batch = data.eval_prompts(0, 2);
+  EXPECT_EQ(batch.input_ids.size(0), 2);
+  EXPECT_EQ(batch.answers, (std::vector<std::string>{"red", "blue"}));
+  EXPECT_EQ(batch.image_grid_thw.size(0), 2);
+}
+
+TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {
+  const std::string error = held_out_error(sample("red.png", "red") + sample("gone.png", "blue"), 2);
+  EXPECT_EQ(error, "held-out sample 1 of " + dir_ +
+                       "/eval.jsonl cannot be used (missing image): image file " + dir_ +
+                       "/gone.png does not exist");
+}
+
+TEST_F(MessagesDataTest, ATruncatedHeldOutImageIsAnErrorNamingTheSample) {
+  std::ifstream in(kFixtures + "/images/sky.jpg", std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  write(dir_ + "/cut.jpg", bytes.substr(0, bytes.size() / 2));
+  const std::string error = held_out_error(sample("cut.jpg", "blue"));
+  EXPECT_EQ(error.rfind("held-out sample 0 of " + dir_ + "/eval.jsonl cannot be used (corrupt image): ", 0),
+            0u)
+      << error;
+  EXPECT_NE(error.find("cut.jpg"), std::string::npos) << error;
+}
+
+TEST_F(MessagesDataTest, AZeroByteHeldOutImageIsAnErrorNamingTheSample) {
+  write(dir_ + "/empty.png", "");
+  const std::string error = held_out_error(sample("red.png", "red") + sample("empty.png", "red"), 2);
+  EXPECT_EQ(error.rfind("held-out sample 1 of " + dir_ + "/eval.jsonl cannot be used (corrupt image): ", 0),
+            0u)
+      << error;
+  EXPECT_NE(error.find("empty.png"), std::string::npos) << error;
+}
+
+TEST_F(MessagesDataTest, HeldOutPlaceholdersNotMatchingTheImagesAreAnError) {
+  const std::string error = held_out_error(sample("red.png", "red", "<image><image>Colours?"));
+  EXPECT_EQ(error.rfind("held-out sample 0 of " + dir_ + "/eval.jsonl cannot be used (bad sample): ", 0), 0u)
+      << error;
+  EXPECT_NE(error.find("2 <image> placeholders but 1 images"), std::string::npos) << error;
+}
+
+TEST_F(MessagesDataTest, AMalformedHeldOutSampleIsAnErrorNotASkip) {
+  const std::string error = held_out_error(sample("red.png", "red") + "[1, 2]\n", 1);
+  EXPECT_EQ(error.rfind("held-out sample 1 of " + dir_ + "/eval.jsonl cannot be used (bad sample): ", 0), 0u)
+      << error;
+}
+
+TEST_F(MessagesDataTest, AnOverlongHeldOutPromptIsAnErrorWhenTheDataIsRead) {
+  write(dir_ + "/eval.jsonl", sample("red.png", "red"));
+  auto d = section(sample("red.png", "red"));
+  d.max_seq_len = 8;
+  const data::Qwen2VLImageOptions image;
+  try {
+    const MessagesData data(d, 1, image);
+    FAIL() << "expected a DataError";
+  } catch (const DataError& e) {
+    EXPECT_NE(std::string(e.what()).find("held-out sample 0 of " + dir_ + "/eval.jsonl has "),
+              std::string::npos)
+        << e.what();
+    EXPECT_NE(std::string(e.what()).find("more than data.max_seq_len 8"), std::string::npos) << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace loom::train
