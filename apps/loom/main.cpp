@@ -27,6 +27,8 @@
 #include "loom/dist/launcher.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
+#include "loom/tasks/registry.h"
+#include "loom/tasks/vlm_sft/task.h"
 #include "loom/train/trainer.h"
 #include "loom/util/errors.h"
 #include "loom/util/log.h"
@@ -456,7 +458,7 @@ int main(int argc, char** argv) {
       auto job = config::load_config(config_path, overrides);
       configure_logging(job.tools.log_level);
       use_threads(job.training.threads, 1);
-      train::Trainer(job).export_steps(out_dir, export_steps);
+      tasks::export_steps(job, out_dir, export_steps);
       return 0;
     }
     if (*train || *eval || *bench) {
@@ -468,14 +470,14 @@ int main(int argc, char** argv) {
       use_threads(job.training.threads, launch.local_world_size);
       std::shared_ptr<dist::Comm> comm;
       if (launch.world_size > 1) {
-        train::validate_layout(job, launch.world_size);
+        tasks::validate_layout(job, launch.world_size);
         comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
         if (launch.rank != 0) configure_logging("warn");  // rank 0 reports; the others only warn
       }
       const bool main_rank = launch.rank == 0;
       train::Trainer trainer(job, comm);
       if (*train) {
-        if (auto result = trainer.train(); result && main_rank) train::print_eval(*result);
+        if (auto result = trainer.train(); result && main_rank) fmt::print("{}", result->report);
       } else if (*bench) {
         const train::BenchResult r = trainer.bench(bench_warmup, bench_steps);
         if (main_rank) fmt::print("{}\n", bench_json(r).dump());
@@ -483,8 +485,8 @@ int main(int argc, char** argv) {
         trainer.load_weights(checkpoint_dir);
         const auto result = trainer.evaluate();
         if (main_rank) {
-          train::print_eval(result);
-          if (!predictions_path.empty()) train::write_predictions(result, predictions_path);
+          fmt::print("{}", result.report);
+          if (!predictions_path.empty()) train::write_records(result, predictions_path);
         }
       }
       return 0;

@@ -1,5 +1,6 @@
 #include "loom/models/registry.h"
 
+#include <filesystem>
 #include <fstream>
 
 #include "loom/util/errors.h"
@@ -39,6 +40,24 @@ std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
     const Qwen2VLConfig& config, const parallel::ParamOptions& options,
     const std::optional<parallel::TensorParallelGroup>& vision_tp) {
   return std::make_shared<Qwen2VLForConditionalGeneration>(config, options, vision_tp);
+}
+
+Qwen2VLConfig job_model_config(const config::JobConfig& job) {
+  if (!job.model.hf_config_path.empty()) {
+    if (!std::filesystem::is_regular_file(job.model.hf_config_path))
+      throw ConfigError(
+          fmt::format("model.hf_config: '{}' is not a file (give a config.json path or inline fields)",
+                      job.model.hf_config_path));
+    return model_config_from_file(job.model.hf_config_path, job.model.family);
+  }
+  return model_config_from_json(job.model.family, job.model.hf_config, job.source + ": model.hf_config");
+}
+
+void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size) {
+  config::validate_parallel(job,
+                            {model.text.num_heads, model.text.num_kv_heads, model.vision.num_heads,
+                             model.text.vocab_size, model.text.num_layers},
+                            world_size);
 }
 
 }  // namespace loom::models

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/config/config.h"
 #include "loom/models/qwen2_vl/model.h"
 
 namespace loom::models {
@@ -27,5 +28,12 @@ Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& f
 std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
     const Qwen2VLConfig& config, const parallel::ParamOptions& options,
     const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
+
+// The model architecture a job asks for (model.hf_config as a path or inline fields).
+Qwen2VLConfig job_model_config(const config::JobConfig& job);
+
+// Checks the job's parallel layout against its model and `world_size` processes (validate_parallel):
+// a one-line ConfigError before any work.
+void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size);
 
 }  // namespace loom::models

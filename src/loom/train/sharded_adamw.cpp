@@ -59,6 +59,11 @@ std::vector<NamedParam> ShardedAdamW::named(const parallel::FlatShard& shard) co
 }
 
 double ShardedAdamW::reduce_gradients(double max_norm) {
+  reduce_scatter_gradients();
+  return clip_gradients(max_norm);
+}
+
+void ShardedAdamW::reduce_scatter_gradients() {
   if (!zero1_) throw ModelError("sharded AdamW: FSDP reduces the gradients itself");
   at::NoGradGuard no_grad;
   parallel::FlatShard& shard = *slots_.front().shard;
@@ -68,23 +73,51 @@ double ShardedAdamW::reduce_gradients(double max_norm) {
     shard.has_grad[i] = grads.back().defined();
   }
   comm_->reduce_scatter_sum(shard.flatten(grads, at::kFloat), shard.grad);
-  return clip_gradients(max_norm);
+}
+
+void ShardedAdamW::set_tensor_parallel(std::shared_ptr<dist::Comm> tp, std::map<std::string, double> share) {
+  tp_ = std::move(tp);
+  tp_share_ = std::move(share);
 }
 
 double ShardedAdamW::clip_gradients(double max_norm) {
   at::NoGradGuard no_grad;
-  // One message: the squared norm of this rank's slices, then which parameters got a gradient here.
-  at::Tensor square = at::zeros({1}, at::kDouble);
+  // One message: the squared norm of this rank's slices (under tensor parallelism, of the whole
+  // parameters' and of the tensor-parallel slices' elements apart), then which parameters got a
+  // gradient here.
+  at::Tensor square = at::zeros({tp_ ? 2 : 1}, at::kDouble);
   std::vector<double> flags;
   for (const Slot& s : slots_) {
-    square += s.shard->grad.to(at::kDouble).pow(2).sum();
+    if (!tp_) {
+      square += s.shard->grad.to(at::kDouble).pow(2).sum();
+    } else {
+      const parallel::FlatShard& shard = *s.shard;
+      for (size_t i = 0; i < shard.params().size(); ++i) {
+        const auto o = shard.overlap(i);
+        if (o.length == 0) continue;
+        const at::Tensor part = shard.grad.narrow(0, o.in_slice, o.length).to(at::kDouble).pow(2).sum();
+        const auto it = tp_share_.find(shard.names()[i]);
+        const double share = it == tp_share_.end() ? 0.0 : it->second;
+        if (share == 0.0)
+          square[0] += part;
+        else
+          square[1] += part * share;
+      }
+    }
     flags.insert(flags.end(), s.shard->has_grad.begin(), s.shard->has_grad.end());
   }
   at::Tensor totals = at::cat({square, at::tensor(flags, at::kDouble)});
   comm_->all_reduce_sum({totals});
   const double* summed = totals.data_ptr<double>();
-  const double norm = std::sqrt(summed[0]);
-  size_t k = 1;
+  double norm_squared = summed[0];
+  if (tp_) {
+    // The slices' squares differ over the tensor-parallel ranks; the whole parameters' are the same.
+    at::Tensor slices = totals.narrow(0, 1, 1).clone();
+    tp_->all_reduce_sum({slices});
+    norm_squared += slices.item<double>();
+  }
+  const double norm = std::sqrt(norm_squared);
+  size_t k = tp_ ? 2 : 1;
   for (Slot& s : slots_) {
     const parallel::FlatShard& shard = *s.shard;
     std::vector<size_t> missing;

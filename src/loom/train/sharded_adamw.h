@@ -18,6 +18,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <utility>
@@ -40,11 +41,17 @@ class ShardedAdamW {
   // ZeRO-1: sums every parameter's gradient over the ranks into this rank's slice (missing
   // gradients count as zeros), then clip_gradients(max_norm). Every rank calls it, once per step.
   double reduce_gradients(double max_norm);
+  // The reduce-scatter alone (ZeRO-1): clip_gradients must follow before step.
+  void reduce_scatter_gradients();
   // Clips the shards' gradients by the norm of the whole summed gradient (max_norm 0: no clipping)
   // and returns that norm; learns which parameters got a gradient on any rank (the others are left
   // alone by step, as AdamW leaves a parameter without a gradient). Every rank calls it, once per
   // step, before step.
   double clip_gradients(double max_norm);
+  // Tensor parallelism: the parameters are this rank's slices over `tp`. Those named in `share`
+  // are cut (each rank's squared gradient norm counts `share` times in the sum over tp: 1, or 1/n
+  // for a slice n ranks hold alike); the others are whole and the same on every rank of tp.
+  void set_tensor_parallel(std::shared_ptr<dist::Comm> tp, std::map<std::string, double> share);
   // Updates this rank's slices at learning rate `lr`; ZeRO-1 then gathers the parameters.
   void step(double lr);
   // Drops the parameters' gradients (ZeRO-1) and zeroes the shards'.
@@ -74,6 +81,8 @@ class ShardedAdamW {
   at::Tensor gather(const at::Tensor& slice) const;  // the whole flat vector of a per-rank slice
 
   std::shared_ptr<dist::Comm> comm_;
+  std::shared_ptr<dist::Comm> tp_;          // null: tp 1
+  std::map<std::string, double> tp_share_;  // the cut parameters' shares of the norm
   std::vector<Slot> slots_;
   bool zero1_ = false;  // the parameters are whole: gather into them after a step
   AdamWOptions options_;

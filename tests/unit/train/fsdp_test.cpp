@@ -69,9 +69,9 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(
 TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
   auto plain = tiny_model(), sharded = tiny_model();
   auto fsdp = std::make_shared<FullyShardedModel>(
-      testing::one_process_group(), trainable(*sharded), sharded->blocks(),
+      testing::one_process_group(), trainable(*sharded), sharded->layers(),
       std::vector<std::string>{"visual.blocks.{*}", "model.layers.{*}"});
-  sharded->set_block_runner(fsdp);
+  sharded->set_layer_runner(fsdp);
   EXPECT_EQ(fsdp->unit_names(), (std::vector<std::string>{"root", "visual.blocks.0", "visual.blocks.1",
                                                           "model.layers.0", "model.layers.1"}));
   const auto params = trainable(*sharded);
@@ -113,7 +113,7 @@ TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
 
 TEST(Fsdp, NewWeightsAreResharded) {
   auto model = tiny_model();
-  FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->blocks(),
+  FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->layers(),
                          {"model.layers.{*}"});
   EXPECT_EQ(fsdp.unit_names(), (std::vector<std::string>{"root", "model.layers.0", "model.layers.1"}));
   fsdp.gather_all();
@@ -130,7 +130,7 @@ TEST(Fsdp, NewWeightsAreResharded) {
 TEST(Fsdp, APlanPatternThatNamesNoBlockIsAConfigError) {
   auto model = tiny_model();
   try {
-    FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->blocks(),
+    FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->layers(),
                            {"model.layers.{*}", "lm_head"});
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {

@@ -7,6 +7,7 @@
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
+#include "loom/tasks/vlm_sft/task.h"
 #include "loom/train/trainer.h"
 
 namespace loom::train {
@@ -81,7 +82,7 @@ Result run(models::Qwen2VLForConditionalGeneration& model, const std::vector<dat
   Result r;
   model.zero_grad();
   for (const data::Batch& batch : batches) {
-    auto losses = token_losses(model.forward(model_inputs(batch)), batch.labels);
+    auto losses = token_losses(model.forward(tasks::model_inputs(batch)), batch.labels);
     if (batch.packed()) {
       for (size_t s = 0; s + 1 < batch.cu_seqlens.size(); ++s) {
         // Predictions made at tokens cu[s] .. cu[s+1]-2 of the row belong to sample s.

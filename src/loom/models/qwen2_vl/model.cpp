@@ -175,8 +175,7 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
   return 3.0 * flops;
 }
 
-std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>
-Qwen2VLForConditionalGeneration::blocks() const {
+core::Layers Qwen2VLForConditionalGeneration::layers() const {
   std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
   for (size_t i = 0; i < visual->blocks.size(); ++i)
     out.emplace_back(fmt::format("visual.blocks.{}", i), visual->blocks[i]);
@@ -185,7 +184,13 @@ Qwen2VLForConditionalGeneration::blocks() const {
   return out;
 }
 
-void Qwen2VLForConditionalGeneration::set_block_runner(std::shared_ptr<nn::BlockRunner> runner) {
+std::vector<std::string> Qwen2VLForConditionalGeneration::freeze_examples() const {
+  std::vector<std::string> out{"visual", "visual.merger", "model", "model.layers.0"};
+  if (lm_head) out.push_back("lm_head");  // a tied head is model.embed_tokens
+  return out;
+}
+
+void Qwen2VLForConditionalGeneration::set_layer_runner(std::shared_ptr<nn::BlockRunner> runner) {
   visual->block_runner = runner;
   model->block_runner = std::move(runner);
 }

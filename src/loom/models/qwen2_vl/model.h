@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/model.h"
 #include "loom/models/qwen2_vl/config.h"
 #include "loom/models/qwen2_vl/language.h"
 #include "loom/models/qwen2_vl/vision.h"
@@ -40,7 +41,7 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
                      const at::Tensor& attention_mask, const Qwen2VLConfig& config,
                      const std::vector<int64_t>& cu_seqlens = {});
 
-class Qwen2VLForConditionalGeneration : public torch::nn::Module {
+class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::Model {
  public:
   // The vision tower is split over `vision_tp` when given, otherwise over options.tp like the LLM.
   Qwen2VLForConditionalGeneration(
@@ -64,11 +65,13 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module {
   // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
   double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
 
-  // The transformer blocks in the order a forward pass runs them, by parameter path prefix:
-  // visual.blocks.<i>, then model.layers.<i>.
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> blocks() const;
-  // Every block of the vision tower and the LLM runs through `runner` (null: directly).
-  void set_block_runner(std::shared_ptr<nn::BlockRunner> runner);
+  // core::Model. The layers are the transformer blocks in the order a forward pass runs them:
+  // visual.blocks.<i>, then model.layers.<i>; each runs through the layer runner.
+  torch::nn::Module& module() override { return *this; }
+  core::Layers layers() const override;
+  void set_layer_runner(std::shared_ptr<nn::BlockRunner> runner) override;
+  nlohmann::json hf_config() const override { return to_hf_config(config); }
+  std::vector<std::string> freeze_examples() const override;
 
   std::shared_ptr<VisionTransformer> visual;
   std::shared_ptr<TextModel> model;

@@ -11,7 +11,7 @@
 #include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 // Training samples [begin, end) of the stream, less those left out, with how many were.
 struct TrainSamples {
@@ -48,4 +48,4 @@ int64_t padding_id(const data::Tokenizer& tokenizer);
 bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
                    const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts);
 
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -1,11 +1,11 @@
-#include "loom/train/vqa_data.h"
+#include "loom/tasks/vlm_sft/vqa_data.h"
 
 #include "loom/data/fashion_vqa.h"
 #include "loom/data/synth/shapes_vqa.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 namespace {
 
@@ -108,4 +108,4 @@ data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   return data::collate(examples, padding_id(tokenizer_));
 }
 
-}  // namespace loom::train
+}  // namespace loom::tasks

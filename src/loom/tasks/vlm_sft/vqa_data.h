@@ -10,9 +10,9 @@
 #include "loom/data/example.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/data/vqa.h"
-#include "loom/train/job_data.h"
+#include "loom/tasks/vlm_sft/job_data.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 class VqaData : public JobData {
  public:
@@ -46,4 +46,4 @@ class VqaData : public JobData {
   config::DataSection section_;
 };
 
-}  // namespace loom::train
+}  // namespace loom::tasks

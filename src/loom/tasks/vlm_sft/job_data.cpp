@@ -1,11 +1,11 @@
-#include "loom/train/job_data.h"
+#include "loom/tasks/vlm_sft/job_data.h"
 
 #include "loom/data/batching.h"
-#include "loom/train/messages_data.h"
-#include "loom/train/vqa_data.h"
+#include "loom/tasks/vlm_sft/messages_data.h"
+#include "loom/tasks/vlm_sft/vqa_data.h"
 #include "loom/util/errors.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
                                        const data::Qwen2VLImageOptions& image) {
@@ -38,4 +38,4 @@ bool fit_to_length(data::TokenizedExample& example, const config::DataSection& d
   return true;
 }
 
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -2,7 +2,7 @@
 // truncated or zero-byte image, placeholders that do not match the images, a malformed sample, a
 // prompt over data.max_seq_len) is a one-line DataError naming its file and index when the data
 // is read, before any training; a usable held-out set builds its prompts.
-#include "loom/train/messages_data.h"
+#include "loom/tasks/vlm_sft/messages_data.h"
 
 #include <gtest/gtest.h>
 #include <stdlib.h>
@@ -14,7 +14,7 @@
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
 
-namespace loom::train {
+namespace loom::tasks {
 namespace {
 
 namespace fs = std::filesystem;
@@ -139,4 +139,4 @@ TEST_F(MessagesDataTest, AnOverlongHeldOutPromptIsAnErrorWhenTheDataIsRead) {
 }
 
 }  // namespace
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -1,6 +1,6 @@
 // The job's built-in data: Fashion-MNIST epochs are permutations of the training split, and the
 // limits (held-out size, max_seq_len) are errors that name what is wrong.
-#include "loom/train/vqa_data.h"
+#include "loom/tasks/vlm_sft/vqa_data.h"
 
 #include <gtest/gtest.h>
 
@@ -8,7 +8,7 @@
 
 #include "loom/util/errors.h"
 
-namespace loom::train {
+namespace loom::tasks {
 namespace {
 
 config::DataSection fashion(int64_t eval_samples = 100) {
@@ -171,4 +171,4 @@ TEST(VqaData, OverlongTrainingSamplesAreDroppedTruncatedOrAnErrorAndCounted) {
 }
 
 }  // namespace
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -1,4 +1,4 @@
-#include "loom/train/messages_data.h"
+#include "loom/tasks/vlm_sft/messages_data.h"
 
 #include <spdlog/spdlog.h>
 
@@ -8,7 +8,7 @@
 
 #include "loom/util/errors.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 namespace fs = std::filesystem;
 
@@ -165,4 +165,4 @@ void MessagesData::throw_if_unusable(const data::SkipLog& problems) {
                               problem.file, data::skip_kind_name(problem.kind), problem.reason));
 }
 
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -10,9 +10,9 @@
 #include "loom/config/config.h"
 #include "loom/data/chat_template.h"
 #include "loom/data/conversation.h"
-#include "loom/train/job_data.h"
+#include "loom/tasks/vlm_sft/job_data.h"
 
-namespace loom::train {
+namespace loom::tasks {
 
 class MessagesData : public JobData {
  public:
@@ -49,4 +49,4 @@ class MessagesData : public JobData {
   int64_t pad_id_ = 0;
 };
 
-}  // namespace loom::train
+}  // namespace loom::tasks

@@ -1,0 +1,29 @@
+// The process groups a job's model, task and plan are built over, from the job's parallel section
+// and the world of processes: data parallelism (x context parallelism) sums gradients and shares
+// out the data; tensor parallelism splits layers.
+#pragma once
+#include <cstdint>
+#include <memory>
+
+#include "loom/config/config.h"
+#include "loom/dist/comm.h"
+#include "loom/dist/parallel_state.h"
+
+namespace loom::core {
+
+struct Layout {
+  std::shared_ptr<dist::Comm> world;            // null: one process
+  std::shared_ptr<dist::ParallelState> groups;  // with world
+  std::shared_ptr<dist::Comm> data;             // with world: dp x cp
+  std::shared_ptr<dist::Comm> tp;               // with world and tp > 1
+  int64_t data_parallel = 1;                    // dp
+
+  bool is_main() const { return !world || world->rank() == 0; }
+  int64_t data_rank() const { return data ? data->rank() : 0; }
+};
+
+// Forms the job's groups over `world` (null: one process); ConfigError when the layout does not
+// fit the world's size.
+Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> world);
+
+}  // namespace loom::core

@@ -1,0 +1,66 @@
+// What the trainer sees of a task, whatever it trains: how a step's data is made, how one
+// micro-batch's forward pass ends in a loss sum with its counts, what evaluation is, and what a
+// checkpoint carries besides the weights. The trainer normalises the loss by the step's count
+// summed over the data-parallel ranks before any backward, so gradients do not depend on how the
+// step is split into micro-batches or over ranks.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace loom::core {
+
+// One micro-batch as its task made it; the trainer only hands it back to the task.
+class MicroBatch {
+ public:
+  virtual ~MicroBatch() = default;
+};
+
+// One training step's data on this rank.
+struct StepData {
+  std::vector<std::shared_ptr<const MicroBatch>> micro_batches;
+  double loss_count = 0;  // this rank's share of what normalises the step's loss
+  // The step's samples left out or cut: over data.max_seq_len (truncated or dropped, as
+  // data.overlong says), and unusable ones skipped. Every rank reads the whole step, so each
+  // reports the step's counts.
+  int64_t truncated = 0, dropped = 0, skipped = 0;
+};
+
+// One micro-batch's forward pass.
+struct ForwardResult {
+  at::Tensor loss_sum;  // differentiable scalar: the sum the step's count normalises
+  int64_t tokens = 0, samples = 0;
+  double flops = 0;  // training FLOPs (forward + backward) of this micro-batch
+};
+
+// An evaluation on held-out data, the same on every rank.
+struct Evaluation {
+  int64_t samples = 0;                                  // 0: nothing was held out
+  std::vector<std::pair<std::string, double>> metrics;  // by their metrics.jsonl names
+  std::string summary;                                  // one log line
+  std::string report;                                   // the final report, printed as it is
+  std::vector<nlohmann::json> records;                  // one per held-out sample, in order
+};
+
+class Task {
+ public:
+  virtual ~Task() = default;
+  // This rank's share of training step `step` (0-based). Called from loader threads, several at once.
+  virtual StepData step_data(int64_t step) const = 0;
+  // What StepData::loss_count counts, for messages ("target tokens").
+  virtual std::string loss_count_name() const = 0;
+  // Runs one micro-batch's forward pass to its loss sum.
+  virtual ForwardResult forward(const MicroBatch& batch) = 0;
+  // Evaluates the model on the held-out data, its parameters whole (every rank calls it).
+  virtual Evaluation evaluate() = 0;
+  // Writes what a checkpoint carries besides weights and training state (a tokenizer, processor
+  // settings) into `dir`.
+  virtual void save_artifacts(const std::string& dir) const = 0;
+};
+
+}  // namespace loom::core

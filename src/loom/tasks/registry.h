@@ -1,0 +1,32 @@
+// The tasks Loom trains, by the name used in the job's `task` key, and the one place a job's
+// parts are built: its layout checked against the model and the world, the process groups formed,
+// the model built over them and initialised (from model.init_from when given), and the task.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/config/config.h"
+#include "loom/core/layout.h"
+#include "loom/core/model.h"
+#include "loom/core/task.h"
+#include "loom/dist/comm.h"
+
+namespace loom::tasks {
+
+std::vector<std::string> task_names();
+
+struct BuiltJob {
+  core::Layout layout;
+  std::shared_ptr<core::Model> model;
+  std::shared_ptr<core::Task> task;
+};
+
+// Checks the job's parallel layout against its model and `world_size` processes: a one-line
+// ConfigError before any work.
+void validate_layout(const config::JobConfig& job, int64_t world_size);
+
+// Builds the job's parts over `world` (null: one process); every rank calls it.
+BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> world);
+
+}  // namespace loom::tasks

@@ -1,0 +1,321 @@
+#include "loom/tasks/vlm_sft/task.h"
+
+#include <ATen/Parallel.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <map>
+
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/checkpoint/safetensors.h"
+#include "loom/data/batching.h"
+#include "loom/kernels/cross_entropy.h"
+#include "loom/models/weights.h"
+#include "loom/nn/fused.h"
+#include "loom/parallel/cross_entropy.h"
+#include "loom/tasks/registry.h"
+#include "loom/util/errors.h"
+
+namespace loom::tasks {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Checks that the ids the model was configured with are the tokenizer's.
+void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& tokenizer) {
+  const std::pair<const char*, std::pair<int64_t, const char*>> ids[] = {
+      {"image_token_id", {model.tokens.image, "<|image_pad|>"}},
+      {"video_token_id", {model.tokens.video, "<|video_pad|>"}},
+      {"vision_start_token_id", {model.tokens.vision_start, "<|vision_start|>"}},
+      {"vision_end_token_id", {model.tokens.vision_end, "<|vision_end|>"}}};
+  for (const auto& [key, id_token] : ids) {
+    const int64_t expected = tokenizer.id(id_token.second);
+    if (id_token.first != expected)
+      throw ConfigError(fmt::format("model.hf_config.{}: {} is not the tokenizer's id of {} ({})", key,
+                                    id_token.first, id_token.second, expected));
+  }
+  if (model.text.vocab_size < tokenizer.vocab_size())
+    throw ConfigError(fmt::format("model.hf_config.vocab_size: {} is smaller than the tokenizer's {} tokens",
+                                  model.text.vocab_size, tokenizer.vocab_size()));
+}
+
+// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs), from the
+// final hidden states. Under tensor parallelism the LM head gives this rank's slice of the
+// vocabulary and the loss is computed on the slices; otherwise, with fused kernels, the head and
+// the loss run chunk by chunk without the whole logits.
+at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, const at::Tensor& hidden,
+                          const at::Tensor& labels) {
+  const int64_t length = hidden.size(1);
+  auto predicting = hidden.narrow(1, 0, length - 1);
+  auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
+  const auto& tp = model.llm_tp();
+  if (tp.size() == 1 && nn::fused_kernels())
+    return kernels::linear_cross_entropy_sum(predicting.reshape({-1, hidden.size(2)}), model.lm_head_weight(),
+                                             targets, data::kIgnoreIndex);
+  auto logits = model.logits(predicting);
+  auto predicted = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
+  if (tp.size() > 1)
+    return parallel::vocab_parallel_cross_entropy_sum(predicted, targets, tp.comm, model.vocab_start(),
+                                                      data::kIgnoreIndex);
+  return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
+}
+
+// One held-out question with the model's greedy answer.
+struct Prediction {
+  std::string question, answer, predicted, question_type;
+};
+
+}  // namespace
+
+models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
+  models::VisionLanguageInputs in;
+  in.input_ids = batch.input_ids;
+  in.attention_mask = batch.attention_mask;
+  in.pixel_values = batch.pixel_values;
+  in.image_grid_thw = batch.image_grid_thw;
+  in.cu_seqlens = batch.cu_seqlens;
+  return in;
+}
+
+VlmSftTask::VlmSftTask(const config::JobConfig& job,
+                       std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
+                       const core::Layout& layout)
+    : data_section_(job.data),
+      global_batch_(job.training.global_batch_size),
+      micro_batch_(job.training.micro_batch_size),
+      model_(std::move(model)),
+      data_comm_(layout.data),
+      data_rank_(layout.data_rank()),
+      data_parallel_(layout.data_parallel) {
+  const auto& config = model_->config;
+  data::Qwen2VLImageOptions image;
+  image.patch_size = config.vision.patch_size;
+  image.temporal_patch_size = config.vision.temporal_patch_size;
+  image.merge_size = config.vision.spatial_merge_size;
+  data_ =
+      make_job_data(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data"), image);
+  check_token_ids(config, data_->tokenizer());
+}
+
+std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::MicroBatching& batching,
+                                                   core::StepData* counts) const {
+  auto samples = data_->train_examples(step * global_batch_, (step + 1) * global_batch_);
+  if (samples.examples.empty())
+    throw DataError(fmt::format(
+        "step {}: none of its {} samples is usable ({} over data.max_seq_len {} dropped, {} skipped)",
+        step + 1, global_batch_, samples.dropped, data_section_.max_seq_len, samples.skipped));
+  if (counts) {
+    counts->truncated = samples.truncated;
+    counts->dropped = samples.dropped;
+    counts->skipped = samples.skipped;
+  }
+  return data::rank_micro_batches(std::move(samples.examples), batching);
+}
+
+core::StepData VlmSftTask::step_data(int64_t step) const {
+  // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
+  const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()),
+                                     data_rank_, data_parallel_};
+  core::StepData out;
+  for (data::Batch& batch : micro_batches(step, batching, &out)) {
+    out.loss_count += static_cast<double>(batch.num_target_tokens);
+    auto micro = std::make_shared<VlmMicroBatch>();
+    micro->batch = std::move(batch);
+    out.micro_batches.push_back(std::move(micro));
+  }
+  return out;
+}
+
+std::vector<data::Batch> VlmSftTask::whole_step(int64_t step) const {
+  const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()), 0,
+                                     1};
+  return micro_batches(step, batching, nullptr);
+}
+
+core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro) {
+  const data::Batch& batch = static_cast<const VlmMicroBatch&>(micro).batch;
+  core::ForwardResult out;
+  auto hidden = model_->hidden_states(model_inputs(batch));
+  out.loss_sum = token_loss_sum(*model_, hidden, batch.labels);
+  out.tokens = batch.attention_mask.sum().item<int64_t>();
+  const std::vector<int64_t> lengths = batch.sequence_lengths();
+  out.samples = static_cast<int64_t>(lengths.size());
+  out.flops = model_->training_flops(lengths, batch.image_grid_thw);
+  return out;
+}
+
+core::Evaluation VlmSftTask::evaluate() {
+  at::NoGradGuard no_grad;
+  constexpr int64_t kBatch = 100;
+  const auto& config = model_->config;
+  const auto& tokenizer = data_->tokenizer();
+  const int64_t im_end = tokenizer.id("<|im_end|>");
+  const int64_t pad = padding_id(tokenizer);
+  // Batches are dealt round-robin to the data-parallel ranks (the ranks of a tensor-parallel
+  // group decode the same batch together); each scored answer keeps its position in the held-out
+  // set so the gathered result is in eval order on every rank.
+  struct Scored {
+    int64_t position;
+    Prediction prediction;
+    bool correct;
+  };
+  std::vector<Scored> scored;
+  const int64_t ranks = data_comm_ ? data_comm_->size() : 1, rank = data_comm_ ? data_comm_->rank() : 0;
+  for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
+    if (index % ranks != rank) continue;
+    const int64_t end = std::min(begin + kBatch, data_->eval_samples());
+    auto batch = data_->eval_prompts(begin, end);
+    const int64_t rows = batch.input_ids.size(0);
+    auto lengths = batch.sequence_lengths();
+    // Exact match: a prediction longer than the longest reference answer of the batch is wrong
+    // whatever follows, so decoding stops there (one more step for <|im_end|>).
+    int64_t max_new_tokens = 1;
+    for (const auto& answer : batch.answers)
+      max_new_tokens = std::max<int64_t>(max_new_tokens, tokenizer.encode(answer).size() + 1);
+    // Room for the answer: right padding, so each row's new token goes at its own length.
+    auto ids = at::cat({batch.input_ids, at::full({rows, max_new_tokens}, pad, at::kLong)}, 1);
+    auto mask = at::cat({batch.attention_mask, at::zeros({rows, max_new_tokens}, at::kLong)}, 1);
+    std::vector<std::vector<int64_t>> answers(rows);
+    std::vector<bool> finished(rows, false);
+    // Image embeddings do not change while decoding: compute them once.
+    auto image_embeds = model_->image_embeddings(batch.pixel_values, batch.image_grid_thw);
+    for (int64_t t = 0; t < max_new_tokens; ++t) {
+      auto embeds = model_->model->embed_tokens->forward(ids);
+      embeds = embeds.masked_scatter((ids == config.tokens.image).unsqueeze(-1),
+                                     image_embeds.to(embeds.scalar_type()));
+      auto positions = models::rope_index(ids, batch.image_grid_thw, mask, config).position_ids;
+      auto hidden = model_->model->forward(embeds, positions);
+      auto last = at::empty({rows}, at::kLong);
+      for (int64_t r = 0; r < rows; ++r) last[r] = lengths[r] - 1;
+      auto next = model_->whole_logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);
+      bool all_done = true;
+      for (int64_t r = 0; r < rows; ++r) {
+        if (finished[r]) continue;
+        const int64_t token = next[r].item<int64_t>();
+        if (token == im_end) {
+          finished[r] = true;
+          continue;
+        }
+        answers[r].push_back(token);
+        ids[r][lengths[r]] = token;
+        mask[r][lengths[r]] = 1;
+        ++lengths[r];
+        all_done = false;
+      }
+      if (all_done) break;
+    }
+    for (int64_t r = 0; r < rows; ++r) {
+      const std::string predicted = tokenizer.decode(answers[r]);
+      scored.push_back({begin + r,
+                        {batch.questions[r], batch.answers[r], finished[r] ? predicted : predicted + " ...",
+                         batch.question_types[r]},
+                        finished[r] && predicted == batch.answers[r]});
+    }
+  }
+  if (data_comm_) {
+    nlohmann::json mine = nlohmann::json::array();
+    for (const Scored& s : scored)
+      mine.push_back({s.position, s.prediction.question, s.prediction.answer, s.prediction.predicted,
+                      s.prediction.question_type, s.correct});
+    scored.clear();
+    for (const std::string& text : data_comm_->all_gather(mine.dump()))
+      for (const auto& row : nlohmann::json::parse(text))
+        scored.push_back({row[0].get<int64_t>(),
+                          {row[1].get<std::string>(), row[2].get<std::string>(), row[3].get<std::string>(),
+                           row[4].get<std::string>()},
+                          row[5].get<bool>()});
+    std::sort(scored.begin(), scored.end(),
+              [](const Scored& a, const Scored& b) { return a.position < b.position; });
+  }
+
+  core::Evaluation result;
+  result.samples = static_cast<int64_t>(scored.size());
+  if (result.samples == 0) {
+    result.summary = "no held-out samples (data.eval_datasets is empty): nothing to evaluate";
+    result.report = "eval: no held-out samples, nothing evaluated\n";
+    return result;
+  }
+  std::map<std::string, int64_t> correct_by_type, samples_by_type;
+  int64_t correct = 0;
+  for (const Scored& s : scored) {
+    correct += s.correct;
+    correct_by_type[s.prediction.question_type] += s.correct;
+    samples_by_type[s.prediction.question_type] += 1;
+    const Prediction& p = s.prediction;
+    result.records.push_back(nlohmann::json{{"question", p.question},
+                                            {"answer", p.answer},
+                                            {"predicted", p.predicted},
+                                            {"question_type", p.question_type}});
+  }
+  const double accuracy = static_cast<double>(correct) / static_cast<double>(result.samples);
+  result.metrics.emplace_back("eval_accuracy", accuracy);
+  result.report = fmt::format("eval: exact-match accuracy {:.2f}% on {} held-out questions\n", 100 * accuracy,
+                              result.samples);
+  std::string by_type;
+  for (const auto& [type, n] : samples_by_type) {
+    const double type_accuracy = static_cast<double>(correct_by_type[type]) / static_cast<double>(n);
+    result.metrics.emplace_back("eval_accuracy_" + type, type_accuracy);
+    by_type += fmt::format("{}{} {:.1f}%", by_type.empty() ? "" : ", ", type, 100 * type_accuracy);
+    result.report += fmt::format("  {:<10} {:6.2f}%  ({} questions)\n", type, 100 * type_accuracy, n);
+  }
+  result.summary = fmt::format("eval accuracy {:.2f}% on {} held-out questions ({})", 100 * accuracy,
+                               result.samples, by_type);
+  return result;
+}
+
+void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps) {
+  if (steps < 1) throw ConfigError(fmt::format("data export: needs --steps >= 1, got {}", steps));
+  const auto built = build_job(job, nullptr);
+  const auto& model = dynamic_cast<const models::Qwen2VLForConditionalGeneration&>(*built.model);
+  const auto& task = dynamic_cast<const VlmSftTask&>(*built.task);
+  const auto& t = job.training;
+  fs::create_directories(dir + "/model");
+  fs::create_directories(dir + "/steps");
+  checkpoint::save_safetensors(dir + "/model/model.safetensors", models::named_parameters(model),
+                               {{"format", "pt"}});
+  checkpoint::write_text_file_durable(dir + "/model/config.json", model.hf_config().dump(2) + "\n");
+  const nlohmann::json settings = {{"steps", t.steps},
+                                   {"exported_steps", steps},
+                                   {"global_batch_size", t.global_batch_size},
+                                   {"micro_batch_size", t.micro_batch_size},
+                                   {"lr", t.lr},
+                                   {"min_lr", t.min_lr},
+                                   {"warmup_steps", t.warmup_steps},
+                                   {"weight_decay", t.weight_decay},
+                                   {"adam_beta1", t.adam_beta1},
+                                   {"adam_beta2", t.adam_beta2},
+                                   {"adam_eps", t.adam_eps},
+                                   {"clip_grad", t.clip_grad},
+                                   {"precision", t.precision},
+                                   {"packing", job.data.packing},
+                                   {"threads", at::get_num_threads()}};
+  checkpoint::write_text_file_durable(dir + "/job.json", settings.dump(2) + "\n");
+  for (int64_t step = 0; step < steps; ++step) {
+    const std::vector<data::Batch> micro_batches = task.whole_step(step);
+    std::vector<std::pair<std::string, at::Tensor>> tensors;
+    for (size_t m = 0; m < micro_batches.size(); ++m) {
+      const data::Batch& b = micro_batches[m];
+      const std::string key = std::to_string(m) + ".";
+      tensors.emplace_back(key + "input_ids", b.input_ids);
+      tensors.emplace_back(key + "labels", b.labels);
+      tensors.emplace_back(key + "attention_mask", b.attention_mask);
+      tensors.emplace_back(
+          key + "position_ids",
+          models::rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, model.config, b.cu_seqlens)
+              .position_ids);
+      if (b.pixel_values.defined() && b.pixel_values.numel() > 0) {
+        tensors.emplace_back(key + "pixel_values", b.pixel_values);
+        tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);
+      }
+      if (b.packed()) tensors.emplace_back(key + "cu_seqlens", at::tensor(b.cu_seqlens, at::kLong));
+    }
+    checkpoint::save_safetensors(fmt::format("{}/steps/step-{:06d}.safetensors", dir, step + 1), tensors);
+  }
+  spdlog::info("exported the initial weights and {} steps of {} samples to {}", steps, t.global_batch_size,
+               dir);
+}
+
+}  // namespace loom::tasks

@@ -1,0 +1,64 @@
+// Supervised fine-tuning of a vision-language model (task: vlm_sft): conversations through the
+// chat template, the loss the mean next-token cross-entropy over every target token of the global
+// batch, evaluation by greedy answers scored by exact match (overall and per question type), and
+// the tokenizer carried in every checkpoint.
+#pragma once
+#include <memory>
+#include <string>
+
+#include "loom/config/config.h"
+#include "loom/core/layout.h"
+#include "loom/core/task.h"
+#include "loom/data/batching.h"
+#include "loom/models/qwen2_vl/model.h"
+#include "loom/tasks/vlm_sft/job_data.h"
+
+namespace loom::tasks {
+
+// One micro-batch of token rows with their images.
+struct VlmMicroBatch : core::MicroBatch {
+  data::Batch batch;
+};
+
+// A collated or packed batch as the model's inputs.
+models::VisionLanguageInputs model_inputs(const data::Batch& batch);
+
+class VlmSftTask : public core::Task {
+ public:
+  // Reads the job's data (ConfigError when the model's special token ids are not the tokenizer's)
+  // for `model`, shared out over layout.data.
+  VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
+             const core::Layout& layout);
+
+  core::StepData step_data(int64_t step) const override;
+  std::string loss_count_name() const override { return "target tokens"; }
+  core::ForwardResult forward(const core::MicroBatch& batch) override;
+  // Greedy answers to the held-out prompts (batches dealt round-robin over the data-parallel ranks),
+  // exact match against the reference; every rank gets the whole result.
+  core::Evaluation evaluate() override;
+  // The tokenizer, in the form the data section reads back.
+  void save_artifacts(const std::string& dir) const override { data_->save_tokenizer(dir); }
+
+  // Step `step`'s micro-batches for one process holding the whole global batch.
+  std::vector<data::Batch> whole_step(int64_t step) const;
+
+ private:
+  // This rank's micro-batches of a step, with its sample counts.
+  std::vector<data::Batch> micro_batches(int64_t step, const data::MicroBatching& batching,
+                                         core::StepData* counts) const;
+
+  config::DataSection data_section_;
+  int64_t global_batch_ = 0, micro_batch_ = 0;
+  std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
+  std::shared_ptr<dist::Comm> data_comm_;
+  int64_t data_rank_ = 0, data_parallel_ = 1;
+  std::unique_ptr<JobData> data_;
+};
+
+// Writes what a peer implementation needs to train the job's model on the same batches, in one
+// process: the job's initial weights with their config (`dir`/model/), the training settings
+// (`dir`/job.json) and each of the first `steps` steps' micro-batches with their M-RoPE position
+// ids (`dir`/steps/step-NNNNNN.safetensors, tensors "<micro-batch>.<field>").
+void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps);
+
+}  // namespace loom::tasks

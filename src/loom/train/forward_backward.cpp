@@ -1,0 +1,42 @@
+#include "loom/train/forward_backward.h"
+
+#include <chrono>
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+}  // namespace
+
+ScheduleResult forward_backward_no_pipelining(
+    const ForwardStep& forward_step, const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+    size_t passes, double scale, GradientSync& sync) {
+  ScheduleResult r;
+  for (size_t m = 0; m < passes; ++m) {
+    sync.begin_pass();
+    if (m >= batches.size()) {  // this rank's share had fewer micro-batches
+      r.sync_s += sync.end_pass();
+      continue;
+    }
+    const auto forward_begin = Clock::now();
+    const core::ForwardResult out = forward_step(*batches[m]);
+    r.forward_s += seconds_since(forward_begin);
+    sync.before_backward(m + 1 == batches.size());
+    const auto backward_begin = Clock::now();
+    (out.loss_sum * scale).backward();
+    r.backward_s += seconds_since(backward_begin);
+    r.loss_sum += out.loss_sum.item<double>();
+    r.tokens += out.tokens;
+    r.samples += out.samples;
+    r.flops += out.flops;
+    r.sync_s += sync.end_pass();
+  }
+  return r;
+}
+
+}  // namespace loom::train

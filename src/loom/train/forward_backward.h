@@ -1,0 +1,34 @@
+// Schedules: how a step's micro-batches go through forward and backward. Each is a plain function
+// over the task's forward step, so a schedule can be read, tested and swapped alone (pipeline
+// schedules sit beside this one).
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <vector>
+
+#include "loom/core/task.h"
+#include "loom/train/plan.h"
+
+namespace loom::train {
+
+using ForwardStep = std::function<core::ForwardResult(const core::MicroBatch&)>;
+
+// What a schedule ran, summed over this rank's micro-batches.
+struct ScheduleResult {
+  double loss_sum = 0;  // unscaled
+  int64_t tokens = 0, samples = 0;
+  double flops = 0;
+  double forward_s = 0, backward_s = 0;
+  double sync_s = 0;  // waited in the passes' communication (FSDP)
+};
+
+// Every micro-batch in turn, forward then backward of its loss sum times `scale` (one over the
+// step's global count), in `passes` passes: those beyond the micro-batches are empty (a rank with
+// fewer micro-batches than another still takes part in each pass's collectives).
+ScheduleResult forward_backward_no_pipelining(
+    const ForwardStep& forward_step, const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+    size_t passes, double scale, GradientSync& sync);
+
+}  // namespace loom::train

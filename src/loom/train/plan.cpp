@@ -1,0 +1,391 @@
+#include "loom/train/plan.h"
+
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <map>
+#include <set>
+#include <tuple>
+
+#include "loom/dist/grad_reducer.h"
+#include "loom/parallel/fsdp.h"
+#include "loom/parallel/tensor.h"
+#include "loom/train/schedule.h"
+#include "loom/train/sharded_adamw.h"
+#include "loom/util/errors.h"
+
+namespace loom::train {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+// Optimizer state entries are "<kind>.<parameter name>" (and "step"): under tensor parallelism
+// each is cut like its parameter. Whole entries from this rank's slices (a collective over the
+// tensor-parallel group), or this rank's slices from whole entries.
+std::vector<std::pair<std::string, at::Tensor>> tensor_parallel_state(
+    const std::map<std::string, parallel::ShardLayout>& layouts,
+    std::vector<std::pair<std::string, at::Tensor>> state, bool gather) {
+  for (auto& [key, value] : state) {
+    const size_t dot = key.find('.');
+    if (dot == std::string::npos) continue;
+    auto it = layouts.find(key.substr(dot + 1));
+    if (it == layouts.end() || !it->second.split()) continue;
+    value = gather ? it->second.gather(value) : it->second.slice(value);
+  }
+  return state;
+}
+
+// AdamW over whole parameters or their tensor-parallel slices.
+class WholeAdamW : public Optimizer {
+ public:
+  WholeAdamW(std::vector<NamedParam> params, AdamWOptions options,
+             const std::map<std::string, parallel::ShardLayout>* tp_layouts)
+      : adamw_(std::move(params), options), tp_layouts_(tp_layouts) {}
+  void step(double lr) override {
+    adamw_.step(lr);
+    adamw_.zero_grad();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const override {
+    auto state = adamw_.state_dict();
+    return tp_layouts_ ? tensor_parallel_state(*tp_layouts_, std::move(state), /*gather=*/true) : state;
+  }
+  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) override {
+    adamw_.load_state_dict(tp_layouts_ ? tensor_parallel_state(*tp_layouts_, state, /*gather=*/false)
+                                       : state);
+  }
+  int64_t state_bytes() const { return adamw_.state_bytes(); }
+
+ private:
+  AdamW adamw_;
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null at tp 1
+};
+
+// ZeRO-1 or FSDP: each rank updates its slices (of its tensor-parallel slices, under tensor
+// parallelism).
+class ShardedOptimizer : public Optimizer {
+ public:
+  ShardedOptimizer(std::shared_ptr<ShardedAdamW> sharded,
+                   const std::map<std::string, parallel::ShardLayout>* tp_layouts)
+      : sharded_(std::move(sharded)), tp_layouts_(tp_layouts) {}
+  void step(double lr) override {
+    sharded_->step(lr);
+    sharded_->zero_grad();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const override {
+    auto state = sharded_->state_dict();
+    return tp_layouts_ ? tensor_parallel_state(*tp_layouts_, std::move(state), /*gather=*/true) : state;
+  }
+  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) override {
+    sharded_->load_state_dict(tp_layouts_ ? tensor_parallel_state(*tp_layouts_, state, /*gather=*/false)
+                                          : state);
+  }
+
+ private:
+  std::shared_ptr<ShardedAdamW> sharded_;
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null at tp 1
+};
+
+// Every layout's gradient sums in one object: over the data-parallel group one of the bucketed
+// all-reduce (reducer), ZeRO-1's reduce-scatter (sharded without fsdp) or FSDP's (fsdp); then over
+// the tensor-parallel group the partial and replicated-slice sums.
+class LayoutGradients : public GradientSync {
+ public:
+  std::shared_ptr<dist::Comm> data;  // null: one process
+  std::shared_ptr<dist::Comm> tp;    // null: tp 1
+  std::map<std::string, parallel::ShardLayout> layouts;
+  std::vector<at::Tensor> trainable;
+  std::vector<std::string> names;
+  // Each trainable parameter's share of its squared gradient norm in the sum over tp (0: whole on
+  // every rank, counted once; 1: a slice; 1/n: a slice n ranks hold alike); empty at tp 1.
+  std::vector<double> tp_share;
+  // Under sequence parallelism, whole parameters whose gradient is a partial sum over tp; and the
+  // replicated kv slices whose gradient is a partial sum over the ranks holding them.
+  std::vector<at::Tensor> tp_partial;
+  std::vector<std::pair<at::Tensor, parallel::ShardLayout>> tp_replicated;
+  // The same by name, for FSDP's shards.
+  std::set<std::string> partial_names;
+  std::map<std::string, parallel::ShardLayout> replicated_layouts;
+  std::unique_ptr<dist::GradReducer> reducer;
+  std::shared_ptr<parallel::FullyShardedModel> fsdp;
+  std::shared_ptr<ShardedAdamW> sharded;
+  int64_t bucket_mb = 0;
+  bool overlap = false;
+
+  std::pair<size_t, double> passes_and_total(size_t local, double count) override {
+    std::vector<double> counts{count};
+    if (fsdp) {
+      counts.resize(1 + static_cast<size_t>(data->size()), 0.0);
+      counts[1 + static_cast<size_t>(data->rank())] = static_cast<double>(local);
+    }
+    if (data) {
+      auto t = at::tensor(counts, at::kDouble);
+      data->all_reduce_sum({t});
+      counts.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
+    }
+    size_t passes = local;
+    for (size_t r = 1; r < counts.size(); ++r) passes = std::max(passes, static_cast<size_t>(counts[r]));
+    return {passes, counts[0]};
+  }
+  void begin_pass() override {
+    if (fsdp) fsdp->begin_pass();
+  }
+  double end_pass() override { return fsdp ? fsdp->end_pass() : 0.0; }
+  void before_backward(bool last) override {
+    // Only the last micro-batch's backward communicates: earlier ones only accumulate.
+    if (reducer && last) reducer->arm();
+  }
+
+  double reduce() override {
+    if (!data) return 0.0;
+    // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
+    double waited = reducer ? reducer->finish() : 0.0;
+    const auto begin = Clock::now();
+    if (fsdp) {
+      sum_tensor_parallel_shards();  // FSDP has reduce-scattered over the data-parallel ranks
+    } else {
+      sum_tensor_parallel_parts();
+      if (sharded) sharded->reduce_scatter_gradients();  // ZeRO-1
+    }
+    return waited + seconds_since(begin);
+  }
+
+  // Sequence parallelism: each tensor-parallel rank holds part of the gradients of tp_partial.
+  // Replicated kv slices: each rank holding one has its query heads' part; every rank adds its part
+  // at its slice's place in a whole-size buffer, and the sum over the group holds every slice's.
+  void sum_tensor_parallel_parts() {
+    if (tp_partial.empty() && tp_replicated.empty()) return;
+    std::vector<at::Tensor> grads, wholes;
+    for (const auto& p : tp_partial)
+      if (p.grad().defined()) grads.push_back(p.grad());
+    for (const auto& [p, layout] : tp_replicated) {
+      at::Tensor whole = at::zeros(layout.whole_shape(p.sizes()), p.options());
+      if (p.grad().defined())
+        whole.narrow(layout.dim, layout.chunk * p.size(layout.dim), p.size(layout.dim)).copy_(p.grad());
+      grads.push_back(whole);
+      wholes.push_back(whole);
+    }
+    tp->all_reduce_sum(grads);
+    for (size_t i = 0; i < tp_replicated.size(); ++i) {
+      at::Tensor& p = tp_replicated[i].first;
+      if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
+      p.mutable_grad().copy_(tp_replicated[i].second.slice(wholes[i]));
+    }
+  }
+
+  // The same sums on FSDP's shards: the ranks of a tensor-parallel group hold the same data-parallel
+  // slice of alike-shaped units, so a parameter's part of the slice is at the same place on each.
+  // A replicated kv slice's part goes at its chunk's place in a buffer of every chunk's.
+  void sum_tensor_parallel_shards() {
+    if (partial_names.empty() && replicated_layouts.empty()) return;
+    std::vector<at::Tensor> sums;
+    std::vector<std::tuple<at::Tensor, at::Tensor, int64_t>> replicated;  // (slice part, buffer, offset)
+    for (const auto& shard : fsdp->shards())
+      for (size_t i = 0; i < shard->params().size(); ++i) {
+        const auto o = shard->overlap(i);
+        if (o.length == 0) continue;
+        at::Tensor part = shard->grad.narrow(0, o.in_slice, o.length);
+        const std::string& name = shard->names()[i];
+        if (partial_names.count(name)) {
+          sums.push_back(part);
+        } else if (auto it = replicated_layouts.find(name); it != replicated_layouts.end()) {
+          at::Tensor buffer = at::zeros({it->second.chunks * o.length}, part.options());
+          buffer.narrow(0, it->second.chunk * o.length, o.length).copy_(part);
+          sums.push_back(buffer);
+          replicated.emplace_back(part, buffer, it->second.chunk * o.length);
+        }
+      }
+    tp->all_reduce_sum(sums);
+    for (auto& [part, buffer, offset] : replicated) part.copy_(buffer.narrow(0, offset, part.numel()));
+  }
+
+  double clip(double max_norm) override {
+    if (sharded) return sharded->clip_gradients(max_norm);
+    if (tp_share.empty()) return clip_grad_norm(trainable, max_norm);
+    return clip_grad_norm(trainable, tp_share, *tp, max_norm);
+  }
+
+  void gather_parameters() override {
+    if (fsdp) fsdp->gather_all();
+  }
+  void release_parameters() override {
+    if (fsdp) fsdp->release_all();
+  }
+  void reshard_from_parameters() override {
+    if (fsdp) fsdp->reshard_from_parameters();
+  }
+
+  std::vector<std::pair<std::string, at::Tensor>> whole_gradients() const override {
+    std::vector<std::pair<std::string, at::Tensor>> grads;
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      at::Tensor g = trainable[i].grad();
+      if (!g.defined()) g = at::zeros_like(trainable[i]);
+      auto it = layouts.find(names[i]);
+      grads.emplace_back(names[i], it == layouts.end() ? g : it->second.gather(g));
+    }
+    return grads;
+  }
+
+  std::string summary(double waited_s, double step_s) const override {
+    if (reducer)
+      return fmt::format(
+          "gradient all-reduce: {:.3f} s waited after backward in {:.1f} s of steps ({} buckets of up to {} "
+          "MiB, overlap {}; last step: {} started during backward)",
+          waited_s, step_s, reducer->bucket_count(), bucket_mb, overlap ? "on" : "off",
+          reducer->started_in_backward());
+    if (sharded && !fsdp)
+      return fmt::format("gradient reduce-scatter (ZeRO-1): {:.3f} s after backward in {:.1f} s of steps",
+                         waited_s, step_s);
+    if (fsdp)
+      return fmt::format(
+          "FSDP: {:.3f} s waited for gathers and reduce-scatters at the end of passes in {:.1f} s of steps; "
+          "model state per rank {} bytes between steps, peak during passes {} bytes more (gathered "
+          "parameters, unreduced gradients, reduce-scatter buffers)",
+          waited_s, step_s, state_bytes_total, fsdp->peak_transient_bytes());
+    return "";
+  }
+
+  int64_t state_bytes_total = 0;
+};
+
+}  // namespace
+
+AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& params,
+                              const config::JobConfig& job, std::shared_ptr<dist::Comm> data,
+                              std::shared_ptr<dist::Comm> tp) {
+  const auto& p = job.parallel;
+  const auto& t = job.training;
+  auto sync = std::make_unique<LayoutGradients>();
+  sync->data = data;
+  sync->tp = tp;
+  sync->bucket_mb = p.bucket_mb;
+  sync->overlap = p.overlap_grad_reduce;
+  sync->layouts = parallel::shard_layouts(model.module());
+  for (const auto& param : params) {
+    sync->trainable.push_back(param.param);
+    sync->names.push_back(param.name);
+  }
+  const auto& layouts = sync->layouts;
+  const int64_t tp_size = tp ? tp->size() : 1;
+  if (tp_size > 1) {
+    for (const auto& param : params) {
+      auto it = layouts.find(param.name);
+      // A slice's squared norm counts once over the ranks holding it alike. (A layer built over no
+      // group, such as the vision tower at vision_tp 1, is whole.)
+      const bool cut =
+          it != layouts.end() && it->second.dim >= 0 && it->second.comm && it->second.comm->size() > 1;
+      sync->tp_share.push_back(cut ? 1.0 / static_cast<double>(it->second.replicas()) : 0.0);
+      if (cut && it->second.replicas() > 1) {
+        if (it->second.parts != 1)
+          throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", param.name));
+        sync->tp_replicated.emplace_back(param.param, it->second);
+        sync->replicated_layouts.emplace(param.name, it->second);
+      }
+      // Whole parameters run on one sequence chunk per rank (norms and row-parallel biases in
+      // the blocks, under sequence parallelism) hold partial gradients.
+      if (it != layouts.end() && it->second.partial_grad) {
+        sync->tp_partial.push_back(param.param);
+        sync->partial_names.insert(param.name);
+      }
+    }
+  }
+
+  AppliedPlan plan;
+  plan.data_parallel = data ? data->size() : 1;
+  plan.tensor_parallel = tp_size;
+  ModelStateBytes& bytes = plan.bytes;
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts = tp_size > 1 ? &sync->layouts : nullptr;
+  const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  std::string layout;
+  if (data && p.zero == 3) {
+    // FSDP: the units shard the parameters; the optimizer updates the units' slices.
+    std::vector<std::pair<std::string, at::Tensor>> trainable;
+    for (const auto& param : params) trainable.emplace_back(param.name, param.param);
+    const auto layers = model.layers();
+    std::vector<std::string> units = p.fsdp_plan;
+    if (units.empty())
+      for (const auto& layer : layers) units.push_back(layer.first);
+    sync->fsdp = std::make_shared<parallel::FullyShardedModel>(data, trainable, layers, units);
+    model.set_layer_runner(sync->fsdp);
+    sync->sharded = std::make_shared<ShardedAdamW>(data, sync->fsdp->shards(), adamw);
+    plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);
+    bytes.parameters = sync->fsdp->shard_parameter_bytes();  // the fp32 slices are the parameters
+    bytes.gradients = sync->fsdp->shard_gradient_bytes();
+    bytes.optimizer = sync->sharded->state_bytes() - bytes.parameters;
+    const auto names = sync->fsdp->unit_names();
+    layout = fmt::format(
+        " (FSDP: 1/{} of every trainable parameter, gradient and moment, in the root unit and {} block "
+        "units{})",
+        data->size(), names.size() - 1,
+        names.size() > 1 ? fmt::format(" {} to {}", names[1], names.back()) : std::string());
+  } else {
+    for (const auto& param : params) bytes.parameters += static_cast<int64_t>(param.param.nbytes());
+    bytes.gradients = bytes.parameters;  // whole gradients, which ZeRO-1 reduce-scatters after backward
+    if (data && p.zero == 1) {
+      // ZeRO-1: the optimizer reduce-scatters the gradients itself.
+      sync->sharded = std::make_shared<ShardedAdamW>(data, params, adamw);
+      plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);
+      bytes.optimizer = sync->sharded->state_bytes();
+      layout = fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", data->size());
+    } else {
+      if (data)
+        sync->reducer = std::make_unique<dist::GradReducer>(data, sync->trainable, p.bucket_mb << 20,
+                                                            p.overlap_grad_reduce);
+      auto whole = std::make_unique<WholeAdamW>(params, adamw, tp_layouts);
+      bytes.optimizer = whole->state_bytes();
+      plan.optimizer = std::move(whole);
+    }
+  }
+  sync->state_bytes_total = bytes.total();
+  if (sync->sharded && tp_size > 1) {
+    // The norm over tensor-parallel slices counts each slice's share (whole parameters once).
+    std::map<std::string, double> share;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (sync->tp_share[i] > 0) share.emplace(params[i].name, sync->tp_share[i]);
+    sync->sharded->set_tensor_parallel(tp, std::move(share));
+  }
+
+  if (tp_size > 1) {
+    // What tensor parallelism saves: this rank's trainable parameter bytes against the whole model's.
+    int64_t local = 0, whole = 0, split_local = 0, split_whole = 0;
+    for (const auto& param : params) {
+      auto it = layouts.find(param.name);
+      const bool split = it != layouts.end() && it->second.split();
+      const int64_t nbytes = static_cast<int64_t>(param.param.nbytes());
+      const int64_t all = split ? nbytes * it->second.chunks : nbytes;
+      local += nbytes;
+      whole += all;
+      if (split) split_local += nbytes, split_whole += all;
+    }
+    spdlog::info(
+        "tensor parallelism (tp={}{}): this rank holds {} of the model's {} trainable parameter bytes "
+        "({:.3f}x); "
+        "the split layers {} of {} ({:.3f}x)",
+        tp_size, p.sequence_parallel ? ", sequence parallel" : "", local, whole,
+        static_cast<double>(local) / whole, split_local, split_whole,
+        split_whole ? static_cast<double>(split_local) / split_whole : 0.0);
+  }
+  if (job.tools.dump_gradients > 0 && sync->sharded)
+    throw ConfigError(
+        fmt::format("tools.dump_gradients: parallel.zero={} shards the gradients over the ranks; "
+                    "dump them with zero 0",
+                    p.zero));
+  spdlog::info(
+      "memory on this rank: trainable parameters {:.1f} MiB, gradients {:.1f} MiB, optimizer state {:.1f} "
+      "MiB{}; model state per rank: {} bytes",
+      bytes.parameters / 1048576.0, bytes.gradients / 1048576.0, bytes.optimizer / 1048576.0, layout,
+      bytes.total());
+  if (p.zero == 3 && !data)
+    parallel::fsdp_planned_blocks(p.fsdp_plan, model.layers());  // a bad plan fails here too
+  if (p.zero != 0 && !data)
+    spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard", p.zero);
+  plan.gradients = std::move(sync);
+  return plan;
+}
+
+}  // namespace loom::train
