@@ -99,6 +99,10 @@ TEST(ValidateParallel, TensorParallelLayoutsPass) {
   EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "training.micro_batch_size=16"}), kTiny, 4));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.vision_tp=1"}), kTiny, 2));
   EXPECT_EQ(data_parallel_size(job({"parallel.tp=2"}).parallel, 4), 2);
+  // 2D layouts: ZeRO-1 and FSDP over the data-parallel ranks of tensor-parallel slices.
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.zero=1"}), kTiny, 4));
+  EXPECT_NO_THROW(validate_parallel(
+      job({"parallel.tp=2", "parallel.zero=3", "parallel.sequence_parallel=true"}), kTiny, 4));
 }
 
 TEST(ValidateParallel, VisionTpIsOneOrTp) {
@@ -118,10 +122,6 @@ TEST(ValidateParallel, VisionTpIsOneOrTp) {
 }
 
 TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
-  EXPECT_EQ(
-      error_of(job({"parallel.tp=2", "parallel.zero=1"}), kTiny, 2),
-      "job.yaml: parallel.zero=1: ZeRO and FSDP with tensor parallelism (tp=2) is not available in this "
-      "version of Loom");
   EXPECT_EQ(error_of(job({"parallel.pp=2"}), kTiny, 2),
             "job.yaml: parallel.pp=2: pipeline parallelism is not available in this version of Loom");
   EXPECT_EQ(error_of(job({"parallel.cp=2"}), kTiny, 2),
