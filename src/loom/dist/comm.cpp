@@ -1,6 +1,8 @@
-// Comm over c10d's ProcessGroupGloo: rendezvous, bucketed all-reduce, string all-gather.
+// Comm over c10d's ProcessGroupGloo: rendezvous, bucketed all-reduce, string all-gather,
+// all-to-all, send and receive.
 #include "loom/dist/comm.h"
 
+#include <c10/util/accumulate.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
@@ -10,6 +12,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -156,7 +159,8 @@ std::string first_line(std::string text) {
   return text;
 }
 
-DistributedError collective_error(const Comm::Group& group, const char* what, const std::exception& e) {
+DistributedError collective_error(const Comm::Group& group, const std::string& what,
+                                  const std::exception& e) {
   const std::string reason = first_line(e.what());
   return DistributedError(fmt::format(
       "rank {}: {}{} failed (another rank exited, or none answered within parallel.timeout_s {} s){}: {}",
@@ -183,9 +187,9 @@ class GlooPendingWork : public PendingWork {
  public:
   // `done` runs on this rank once the collective has finished (e.g. the local sum of a
   // reduce-scatter's received chunks).
-  GlooPendingWork(const char* what, WorkPtr work, std::vector<at::Tensor> tensors,
+  GlooPendingWork(std::string what, WorkPtr work, std::vector<at::Tensor> tensors,
                   std::shared_ptr<const Comm::Group> group, std::function<void()> done = {})
-      : what_(what),
+      : what_(std::move(what)),
         work_(std::move(work)),
         tensors_(std::move(tensors)),
         group_(std::move(group)),
@@ -200,7 +204,7 @@ class GlooPendingWork : public PendingWork {
   }
 
  private:
-  const char* what_;
+  std::string what_;
   WorkPtr work_;
   std::vector<at::Tensor> tensors_;           // alive until the collective is done
   std::shared_ptr<const Comm::Group> group_;  // alive even if the Comm goes first
@@ -408,6 +412,129 @@ std::unique_ptr<PendingWork> Comm::start_all_gather_flat(at::Tensor input, at::T
     throw collective_error(*group_, "all-gather", e);
   }
 }
+
+namespace {
+
+// "a [10, 2] Float input split [1, 2, 3, 4]"
+std::string split_tensor(const at::Tensor& t, const char* role, const std::vector<int64_t>& splits) {
+  return fmt::format("a [{}] {} {} split [{}]", fmt::join(t.sizes(), ", "), c10::toString(t.scalar_type()),
+                     role, fmt::join(splits, ", "));
+}
+
+void check_all_to_all(const Comm::Group& group, const at::Tensor& input, const at::Tensor& output,
+                      const std::vector<int64_t>& output_splits, const std::vector<int64_t>& input_splits) {
+  std::string why;
+  auto sum = [](const std::vector<int64_t>& splits) {
+    int64_t total = 0;
+    for (int64_t s : splits) total += s;
+    return total;
+  };
+  auto negative = [](const std::vector<int64_t>& splits) {
+    return std::any_of(splits.begin(), splits.end(), [](int64_t s) { return s < 0; });
+  };
+  if (input.dim() == 0 || output.dim() == 0) {
+    why = "both need rows (a dimension 0)";
+  } else if (input.scalar_type() != output.scalar_type() ||
+             input.sizes().slice(1) != output.sizes().slice(1)) {
+    why = "their rows differ in shape or dtype";
+  } else if (static_cast<int64_t>(input_splits.size()) != group.size ||
+             static_cast<int64_t>(output_splits.size()) != group.size) {
+    why = fmt::format("each split needs {} entries, one per rank of the group", group.size);
+  } else if (negative(input_splits) || negative(output_splits)) {
+    why = "a split cannot be negative";
+  } else if (sum(input_splits) != input.size(0)) {
+    why = fmt::format("the input's split sums to {} rows, not its {}", sum(input_splits), input.size(0));
+  } else if (sum(output_splits) != output.size(0)) {
+    why = fmt::format("the output's split sums to {} rows, not its {}", sum(output_splits), output.size(0));
+  } else {
+    return;
+  }
+  throw DistributedError(fmt::format("rank {}: all-to-all{} of {} into {}: {}", group.world_rank,
+                                     group.name.empty() ? "" : " in group " + group.name,
+                                     split_tensor(input, "input", input_splits),
+                                     split_tensor(output, "output", output_splits), why));
+}
+
+// A tensor as rows of bytes, (rows, bytes per row): the same split sizes, and a type every Gloo
+// collective moves.
+at::Tensor byte_rows(const at::Tensor& t) {
+  return t.view({t.size(0), c10::multiply_integers(t.sizes().slice(1))}).view(at::kByte);
+}
+
+}  // namespace
+
+void Comm::all_to_all(const at::Tensor& input, at::Tensor& output,
+                      const std::vector<int64_t>& output_split_sizes,
+                      const std::vector<int64_t>& input_split_sizes) {
+  start_all_to_all(input, output, output_split_sizes, input_split_sizes)->wait();
+}
+
+std::unique_ptr<PendingWork> Comm::start_all_to_all(at::Tensor input, at::Tensor output,
+                                                    std::vector<int64_t> output_split_sizes,
+                                                    std::vector<int64_t> input_split_sizes) {
+  check_all_to_all(*group_, input, output, output_split_sizes, input_split_sizes);
+  const at::Tensor sent = input.contiguous();
+  const at::Tensor received =
+      output.is_contiguous() ? output : at::empty_like(output, at::MemoryFormat::Contiguous);
+  at::Tensor sent_bytes = byte_rows(sent), received_bytes = byte_rows(received);
+  std::function<void()> done;
+  if (!received.is_same(output)) done = [received, output]() mutable { output.copy_(received); };
+  try {
+    auto work = group_->pg->alltoall_base(received_bytes, sent_bytes, output_split_sizes, input_split_sizes);
+    return std::make_unique<GlooPendingWork>(
+        "all-to-all", std::move(work), std::vector<at::Tensor>{sent, received}, group_, std::move(done));
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, "all-to-all", e);
+  }
+}
+
+namespace {
+
+// "send to rank 3 with tag 7" (the peer's world rank, as every message names ranks); throws when
+// the peer or the tag cannot be.
+std::string point_to_point(const Comm::Group& group, const char* what, int64_t peer, int64_t tag) {
+  if (peer < 0 || peer >= group.size || peer == group.rank)
+    throw DistributedError(fmt::format(
+        "rank {}: {} rank {} of group {}: the peer must be another of its "
+        "ranks 0 to {} (this one is {})",
+        group.world_rank, what, peer, group.name.empty() ? "world" : group.name, group.size - 1, group.rank));
+  if (tag < 0 || tag > std::numeric_limits<int>::max())
+    throw DistributedError(fmt::format("rank {}: {} rank {} with tag {}: tags are 0 to {}", group.world_rank,
+                                       what, group.world_ranks[static_cast<size_t>(peer)], tag,
+                                       std::numeric_limits<int>::max()));
+  return fmt::format("{} rank {} with tag {}", what, group.world_ranks[static_cast<size_t>(peer)], tag);
+}
+
+}  // namespace
+
+std::unique_ptr<PendingWork> Comm::start_send(at::Tensor t, int64_t peer, int64_t tag) {
+  const std::string what = point_to_point(*group_, "send to", peer, tag);
+  std::vector<at::Tensor> tensors{t.contiguous()};
+  try {
+    auto work = group_->pg->send(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    return std::make_unique<GlooPendingWork>(what, std::move(work), std::move(tensors), group_);
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, what, e);
+  }
+}
+
+std::unique_ptr<PendingWork> Comm::start_recv(at::Tensor t, int64_t peer, int64_t tag) {
+  const std::string what = point_to_point(*group_, "receive from", peer, tag);
+  std::vector<at::Tensor> tensors{t.is_contiguous() ? t : at::empty_like(t, at::MemoryFormat::Contiguous)};
+  std::function<void()> done;
+  if (!tensors[0].is_same(t)) done = [received = tensors[0], t]() mutable { t.copy_(received); };
+  try {
+    auto work = group_->pg->recv(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    return std::make_unique<GlooPendingWork>(what, std::move(work), std::move(tensors), group_,
+                                             std::move(done));
+  } catch (const std::exception& e) {
+    throw collective_error(*group_, what, e);
+  }
+}
+
+void Comm::send(const at::Tensor& t, int64_t peer, int64_t tag) { start_send(t, peer, tag)->wait(); }
+
+void Comm::recv(at::Tensor& t, int64_t peer, int64_t tag) { start_recv(t, peer, tag)->wait(); }
 
 std::vector<std::string> Comm::all_gather(const std::string& text) {
   // Lengths first, then every string padded to the longest.

@@ -1,8 +1,9 @@
 // The data-parallel process group: c10d's Gloo backend joined through a TCPStore, with the
 // collectives Loom's training loop needs (sum all-reduce of many tensors in flat buckets, string
-// all-gather, barrier), each failure a DistributedError naming this rank and the operation. Every
-// rank beats a heartbeat into the store from a thread of its own, so that after a failed collective
-// the survivors name the ranks whose heartbeat stopped (a killed or hung process).
+// all-gather, barrier, all-to-all with unequal splits) and point-to-point send and receive, each
+// failure a DistributedError naming this rank, the operation and, for send and receive, the peer.
+// Every rank beats a heartbeat into the store from a thread of its own, so that after a failed
+// collective the survivors name the ranks whose heartbeat stopped (a killed or hung process).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -59,6 +60,32 @@ class Comm {
   // alive until the collective is done.
   std::unique_ptr<PendingWork> start_reduce_scatter_sum(at::Tensor input, at::Tensor output);
   std::unique_ptr<PendingWork> start_all_gather_flat(at::Tensor input, at::Tensor output);
+  // Rows (dimension 0) to every rank: the first input_split_sizes[0] rows of `input` go to rank 0,
+  // the next input_split_sizes[1] to rank 1, ...; `output` receives output_split_sizes[i] rows from
+  // rank i, in rank order. Each list has size() entries summing to its tensor's rows; the rows of
+  // both tensors have one shape and dtype, and what rank i sends to rank j is what j expects from
+  // i. Any dtype travels (as its rows' bytes: Gloo in libtorch 1.13 has no bf16 all-to-all). A
+  // non-contiguous `input` is sent from a contiguous copy; a non-contiguous `output` receives into
+  // a contiguous buffer copied into it when the exchange is done.
+  void all_to_all(const at::Tensor& input, at::Tensor& output, const std::vector<int64_t>& output_split_sizes,
+                  const std::vector<int64_t>& input_split_sizes);
+  std::unique_ptr<PendingWork> start_all_to_all(at::Tensor input, at::Tensor output,
+                                                std::vector<int64_t> output_split_sizes,
+                                                std::vector<int64_t> input_split_sizes);
+
+  // Point-to-point between this rank and `peer`, another rank of this group: starts sending `t`
+  // (or receiving into `t`) under `tag` (0 to 2^31 - 1) and returns at once. A send and its
+  // receive name the same tag, dtype and number of elements; several may be in flight between two
+  // ranks under different tags, and each is matched by its tag. Any dtype travels (a send moves
+  // bytes). A non-contiguous `t` is sent from a contiguous copy, or received into a contiguous
+  // buffer that wait() copies into `t`.
+  std::unique_ptr<PendingWork> start_send(at::Tensor t, int64_t peer, int64_t tag);
+  std::unique_ptr<PendingWork> start_recv(at::Tensor t, int64_t peer, int64_t tag);
+  // The same, waited for. A send may wait until the peer has posted its receive, so two ranks
+  // that send to each other either start both or order them (one sends first, the other receives).
+  void send(const at::Tensor& t, int64_t peer, int64_t tag);
+  void recv(at::Tensor& t, int64_t peer, int64_t tag);
+
   // Every rank's string, in rank order.
   std::vector<std::string> all_gather(const std::string& text);
   void barrier();
