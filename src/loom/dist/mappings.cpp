@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/functions/utils.h>
 
+#include <algorithm>
 #include <functional>
 #include <string>
 #include <utility>
@@ -66,6 +67,43 @@ at::Tensor all_reduced(const at::Tensor& x, Comm& group) {
   at::Tensor sum = x.clone(at::MemoryFormat::Contiguous);
   group.all_reduce_sum({sum});
   return sum;
+}
+
+// x's rows to the ranks by input_splits, the rows received by output_splits (Comm checks both).
+at::Tensor exchanged_rows(const at::Tensor& x, Comm& group, const std::vector<int64_t>& output_splits,
+                          const std::vector<int64_t>& input_splits) {
+  std::vector<int64_t> shape = x.dim() == 0 ? std::vector<int64_t>{0} : x.sizes().vec();
+  shape[0] = 0;
+  for (int64_t rows : output_splits) shape[0] += std::max<int64_t>(rows, 0);
+  at::Tensor out = at::empty(shape, x.options());
+  group.all_to_all(x, out, output_splits, input_splits);
+  return out;
+}
+
+// x (..., P * c at scatter_dim, ..., g at gather_dim, ...) -> (..., c, ..., P * g, ...): chunk j of
+// scatter_dim to rank j, the chunks received concatenated along gather_dim in rank order.
+at::Tensor resharded(const at::Tensor& x, Comm& group, int64_t scatter_dim, int64_t gather_dim) {
+  check_chunks(x, group, scatter_dim, "all-to-all");
+  if (gather_dim < 0 || gather_dim >= x.dim())
+    throw DistributedError(fmt::format("all-to-all: a [{}] tensor has no dimension {} to gather along",
+                                       fmt::join(x.sizes(), ", "), gather_dim));
+  const int64_t ranks = group.size();
+  std::vector<int64_t> piece = x.sizes().vec();  // one chunk
+  piece[scatter_dim] /= ranks;
+  std::vector<int64_t> split = piece;
+  split.insert(split.begin() + scatter_dim, ranks);
+  // (..., ranks * c, ...) -> (ranks, ..., c, ...), contiguous: rank j's chunk is block j.
+  const at::Tensor blocks = x.reshape(split).movedim(scatter_dim, 0).contiguous();
+  const int64_t block = blocks.numel() / ranks;
+  at::Tensor received = at::empty({ranks, block}, x.options());
+  const std::vector<int64_t> one_each(static_cast<size_t>(ranks), 1);
+  group.all_to_all(blocks.view({ranks, block}), received, one_each, one_each);
+  std::vector<int64_t> stacked{ranks};
+  stacked.insert(stacked.end(), piece.begin(), piece.end());
+  std::vector<int64_t> whole = piece;
+  whole[gather_dim] *= ranks;
+  // (ranks, ..., g, ...) -> (..., ranks, g, ...): rank-major along gather_dim.
+  return received.view(stacked).movedim(0, gather_dim).reshape(whole);
 }
 
 }  // namespace
@@ -149,6 +187,34 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, const std::sha
       "ReduceScatterToSequenceRegion", x,
       [group, dim](const at::Tensor& t) { return reduce_scatter_along(t, *group, dim); },
       [group, dim](const at::Tensor& g) { return all_gather_along(g, *group, dim); });
+}
+
+at::Tensor all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
+                      std::vector<int64_t> output_splits, std::vector<int64_t> input_splits) {
+  if (trivial(group)) return x;
+  return mapped(
+      "AllToAll", x,
+      [group, output_splits, input_splits](const at::Tensor& t) {
+        return exchanged_rows(t, *group, output_splits, input_splits);
+      },
+      [group, output_splits, input_splits](const at::Tensor& g) {
+        return exchanged_rows(g, *group, input_splits, output_splits);
+      });
+}
+
+at::Tensor all_to_all_reshard(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t scatter_dim,
+                              int64_t gather_dim) {
+  if (trivial(group)) return x;
+  scatter_dim = normalized_dim(x, scatter_dim);
+  gather_dim = normalized_dim(x, gather_dim);
+  return mapped(
+      "AllToAllReshard", x,
+      [group, scatter_dim, gather_dim](const at::Tensor& t) {
+        return resharded(t, *group, scatter_dim, gather_dim);
+      },
+      [group, scatter_dim, gather_dim](const at::Tensor& g) {
+        return resharded(g, *group, gather_dim, scatter_dim);
+      });
 }
 
 }  // namespace loom::dist

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 
 #include <memory>
+#include <vector>
 
 #include "loom/dist/comm.h"
 
@@ -34,6 +35,21 @@ at::Tensor gather_from_sequence_region(const at::Tensor& x, const std::shared_pt
 // `dim` (a reduce-scatter); backward gathers the chunks' gradients.
 at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, const std::shared_ptr<Comm>& group,
                                              int64_t dim);
+
+// Rows to every rank in unequal counts (MoE dispatch and combine): x's first input_splits[0] rows
+// go to rank 0, the next input_splits[1] to rank 1, ...; the result holds output_splits[i] rows
+// from rank i, in rank order (Comm::all_to_all). Backward sends each row's gradient back where the
+// row came from: the same exchange with the splits swapped.
+at::Tensor all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
+                      std::vector<int64_t> output_splits, std::vector<int64_t> input_splits);
+
+// Ulysses' exchange (DeepSpeed's _SeqAllToAll): x, whole along scatter_dim, is cut into size()
+// equal chunks along it, chunk j goes to rank j, and the chunks received are concatenated along
+// gather_dim in rank order. So a rank's shard of gather_dim becomes its shard of scatter_dim:
+// (b, s/P, h, d) with scatter_dim 2 and gather_dim 1 -> (b, s, h/P, d). Backward is the inverse,
+// the same exchange with the two dimensions swapped.
+at::Tensor all_to_all_reshard(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t scatter_dim,
+                              int64_t gather_dim);
 
 // The two collectives with no autograd of their own, along any dimension (the mappings' parts,
 // also used to gather and split whole parameters). `dim` must hold size() equal chunks.
