@@ -7,7 +7,13 @@
 #include <string>
 #include <vector>
 
+#include "loom/config/keys.h"
+
 namespace loom::config {
+
+// Each section lists its keys once, in keys() (see keys.h): reading, operator==, to_yaml, the
+// messages that list valid keys and the key tables of docs/config.md all follow that list. Its
+// order is the order keys are read, written and listed in.
 
 struct ModelSection {
   std::string family;               // required: qwen2_vl | qwen2_5_vl
@@ -16,6 +22,20 @@ struct ModelSection {
                                     // exactly one of hf_config_path / hf_config is set
   std::string init_from;            // "" or a model directory (HF-style config.json + safetensors)
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = ModelSection;
+    k("family", &S::family, required(), one_of({"qwen2_vl", "qwen2_5_vl"}));
+    k("hf_config",
+      path_or_mapping(&S::hf_config_path, &S::hf_config,
+                      "a path to a HF config.json or an inline mapping of its fields"),
+      required("a path to a HF config.json, or its fields as an inline mapping"),
+      not_empty("a path to a HF config.json, or an inline mapping"));
+    k("init_from", &S::init_from);
+    k("freeze", &S::freeze, no_empty_entry("module prefix"));
+  }
 };
 
 // One conversation file of data.datasets / data.eval_datasets (dataset: messages).
@@ -26,7 +46,24 @@ struct DatasetFile {
   // Names the file uses instead of the defaults, by field: messages, images, videos, role,
   // content, user, assistant, system (e.g. ShareGPT: messages -> conversations, role -> from).
   std::map<std::string, std::string> fields;
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = DatasetFile;
+    k("path", &S::path, required("the conversation file: a JSON array or JSON lines"), not_empty());
+    k("root", &S::root);
+    k("weight", &S::weight, above(0.0));
+    k("fields", &S::fields,
+      names({"messages", "images", "videos", "role", "content", "user", "assistant", "system"}),
+      not_empty("the key or role name the file uses"));
+  }
 };
+
+// The datasets that read a data key: to_yaml writes the key only for them, and reading refuses it
+// for the others when given (fashion_mnist's keys only when set otherwise than off: shapes_vqa's
+// job.yaml files have held `hflip: false` and `shift: 0`).
+enum class ReadBy { messages, built_in, fashion_mnist };
 
 struct DataSection {
   std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | messages
@@ -47,6 +84,34 @@ struct DataSection {
   bool packing = false;           // micro-batches as one padding-free row (cu_seqlens)
   int64_t num_workers = 2;        // >= 0
   int64_t prefetch = 4;           // >= 1
+
+  bool reads(ReadBy datasets) const;
+
+  // `dataset` comes first: whether the keys after it are read depends on it.
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = DataSection;
+    k("dataset", &S::dataset, one_of({"shapes_vqa", "fashion_mnist", "messages"}));
+    k("tokenizer", &S::tokenizer, ReadBy::messages,
+      required("a HuggingFace tokenizer.json or a SentencePiece .model"), not_empty());
+    k("datasets", &S::datasets, ReadBy::messages,
+      required("a list of {path: FILE} conversation files to train on"));
+    k("eval_datasets", &S::eval_datasets, ReadBy::messages);
+    k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
+    k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(1));
+    k("max_pixels", &S::max_pixels, ReadBy::messages);
+    k("dir", &S::dir, ReadBy::built_in);
+    k("image_size", &S::image_size, ReadBy::built_in);
+    k("hflip", &S::hflip, ReadBy::fashion_mnist);
+    k("shift", &S::shift, ReadBy::fashion_mnist, at_least(0));
+    k("eval_samples", &S::eval_samples, at_least(1));
+    k("max_seq_len", &S::max_seq_len, at_least(1));
+    k("overlong", &S::overlong, one_of({"drop", "truncate", "error"}));
+    k("packing", &S::packing);
+    k("num_workers", &S::num_workers, at_least(0));
+    k("prefetch", &S::prefetch, at_least(1));
+  }
 };
 
 struct ParallelSection {
@@ -61,11 +126,37 @@ struct ParallelSection {
   // zero=3 (FSDP): the blocks sharded as units of their own, as module paths whose parts may be {*}
   // (any index) or {a-b} (a range), e.g. model.layers.{*}; empty: every vision and LLM block.
   std::vector<std::string> fsdp_plan;
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = ParallelSection;
+    k("tp", &S::tp, at_least(1));
+    k("pp", &S::pp, at_least(1));
+    k("cp", &S::cp, at_least(1));
+    k("ep", &S::ep, at_least(1));
+    k("dp", &S::dp, integer_or_auto());
+    k("sequence_parallel", &S::sequence_parallel);
+    k("vision_tp", &S::vision_tp);
+    k("zero", &S::zero, one_of({0, 1, 3}));
+    k("timeout_s", &S::timeout_s, at_least(1));
+    k("bucket_mb", &S::bucket_mb, at_least(1));
+    k("overlap_grad_reduce", &S::overlap_grad_reduce);
+    k("fsdp_plan", &S::fsdp_plan, no_empty_entry("module path"));
+  }
 };
 
 struct FeaturesSection {
   std::string recompute = "none";  // only none for now
   bool fused_kernels = true;       // Loom's fused CPU kernels (flash attention) instead of composites
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = FeaturesSection;
+    k("recompute", &S::recompute, one_of({"none"}));
+    k("fused_kernels", &S::fused_kernels);
+  }
 };
 
 struct TrainingSection {
@@ -86,6 +177,33 @@ struct TrainingSection {
   int64_t threads = 0;          // 0 = all cores
   double peak_tflops = 0.0;     // 0 = use the measured sgemm rate for MFU
   int64_t exit_interval = 0;    // > 0: save and exit at a step divisible by it (splits a run into jobs)
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = TrainingSection;
+    k("steps", &S::steps, required("the number of optimizer steps, an integer > 0"), at_least(1));
+    k("global_batch_size", &S::global_batch_size, at_least(1));
+    k("micro_batch_size", &S::micro_batch_size, at_least(1));
+    k("lr", &S::lr, above(0.0));
+    k("min_lr", &S::min_lr, at_least(0.0));
+    k("warmup_steps", &S::warmup_steps, at_least(0));
+    k("weight_decay", &S::weight_decay, at_least(0.0));
+    k("adam_beta1", &S::adam_beta1, in_unit_interval());
+    k("adam_beta2", &S::adam_beta2, in_unit_interval());
+    k("adam_eps", &S::adam_eps, above(0.0));
+    k("clip_grad", &S::clip_grad, at_least(0.0));
+    k("precision", &S::precision, one_of({"fp32", "bf16"}));
+    k("seed", &S::seed, at_least(0));
+    k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
+    k("save_every", &S::save_every, at_least(0));
+    k("keep_last", &S::keep_last, at_least(1));
+    k("eval_every", &S::eval_every, at_least(0));
+    k("resume", &S::resume, not_empty("auto, none or a checkpoint directory"));
+    k("threads", &S::threads, at_least(0));
+    k("peak_tflops", &S::peak_tflops, at_least(0.0));
+    k("exit_interval", &S::exit_interval, at_least(0));
+  }
 };
 
 struct ToolsSection {
@@ -95,6 +213,16 @@ struct ToolsSection {
   // > 0: after this step's backward, rank 0 writes every trainable parameter's gradient, summed
   // over the ranks and whole (before clipping), to <output_dir>/gradients/step-NNNNNNNN.safetensors.
   int64_t dump_gradients = 0;
+
+  template <class Keys>
+  static void keys(Keys& k) {
+    using namespace key;
+    using S = ToolsSection;
+    k("log_every", &S::log_every, at_least(1));
+    k("log_level", &S::log_level, one_of({"trace", "debug", "info", "warn", "error"}));
+    k("progress_bar", &S::progress_bar);
+    k("dump_gradients", &S::dump_gradients, at_least(0));
+  }
 };
 
 struct JobConfig {
@@ -104,7 +232,19 @@ struct JobConfig {
   FeaturesSection features;
   TrainingSection training;
   ToolsSection tools;
-  std::string source;  // file name, used in messages
+  std::string source;  // file name, used in messages; not a key
+
+  // The sections: the top-level keys of a job file.
+  template <class Keys>
+  static void keys(Keys& k) {
+    using J = JobConfig;
+    k("model", &J::model);
+    k("data", &J::data);
+    k("parallel", &J::parallel);
+    k("features", &J::features);
+    k("training", &J::training);
+    k("tools", &J::tools);
+  }
 };
 
 // Equality of every value; JobConfig's `source` is not compared.
@@ -127,6 +267,10 @@ JobConfig parse_config(const std::string& yaml_text, const std::string& source,
 
 // Every key written out; parse_config(to_yaml(c), ...) == c.
 std::string to_yaml(const JobConfig& config);
+
+// The key tables docs/config.md must hold: for each section (model, ...) and each list of mappings
+// in one (data.datasets, data.eval_datasets), the keys declared there, in order.
+std::vector<std::pair<std::string, std::vector<std::string>>> declared_keys();
 
 // The model sizes the parallel layout must fit.
 struct ModelDims {

@@ -66,6 +66,28 @@ TEST(ToYaml, AwkwardStringsAndNumbersRoundTrip) {
   EXPECT_EQ(back.training.resume, "~");
 }
 
+TEST(ToYaml, WritesEveryDeclaredKey) {
+  const JobConfig c = load_config(kFixture);
+  const std::string text = "\n" + to_yaml(c);
+  for (const auto& [table, keys] : declared_keys()) {
+    if (table.find('.') != std::string::npos) continue;  // the entries of a list
+    EXPECT_NE(text.find("\n" + table + ":\n"), std::string::npos) << table << "\n" << text;
+    if (table == "data") continue;  // which data keys are written depends on the dataset (below)
+    for (const auto& key : keys)
+      EXPECT_NE(text.find("\n  " + key + ":"), std::string::npos) << table << "." << key;
+  }
+  // Data keys only for the datasets that read them.
+  EXPECT_EQ(text.find("\n  tokenizer:"), std::string::npos) << text;
+  EXPECT_EQ(text.find("\n  hflip:"), std::string::npos) << text;
+  EXPECT_NE(text.find("\n  image_size: 84\n"), std::string::npos) << text;
+  const std::string fashion =
+      to_yaml(parse_config("model: {family: qwen2_vl, hf_config: a.json}\n"
+                           "data: {dataset: fashion_mnist, hflip: true, shift: 3}\n"
+                           "training: {steps: 1}\n",
+                           "job.yaml"));
+  EXPECT_NE(fashion.find("\n  hflip: true\n  shift: 3\n"), std::string::npos) << fashion;
+}
+
 TEST(ToYaml, EqualityNoticesEveryField) {
   const JobConfig c = load_config(kFixture);
   JobConfig d = c;
