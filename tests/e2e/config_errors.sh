@@ -15,6 +15,7 @@ expect_error "training.steps=many: expected an integer" --set training.steps=man
 expect_error "parallel.tp=3" --set parallel.tp=3
 expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_id=9
 expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"
+expect_error "training.task=dpo: 'dpo' is not one of vlm_sft" --set training.task=dpo
 cat > "$WORK/bad.yaml" <<'YAML'
 model: {family: qwen2_vl, hf_config: /nonexistent/config.json}
 training: {steps: 1}

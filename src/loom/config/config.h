@@ -169,6 +169,9 @@ struct TrainingSection {
   double clip_grad = 1.0;          // 0 = off
   std::string precision = "fp32";  // fp32 | bf16
   int64_t seed = 1234;
+  // What the job trains: its step data, loss and evaluation. vlm_sft: chat-template supervised
+  // fine-tuning of a vision-language model, evaluated by VQA exact match.
+  std::string task = "vlm_sft";
   std::string output_dir = "runs/default";
   int64_t save_every = 0;       // 0 = save only at the end
   int64_t keep_last = 2;        // >= 1
@@ -195,6 +198,10 @@ struct TrainingSection {
     k("clip_grad", &S::clip_grad, at_least(0.0));
     k("precision", &S::precision, one_of({"fp32", "bf16"}));
     k("seed", &S::seed, at_least(0));
+    // The task is a training key, not a top-level one: the file stays sections only, so it is
+    // `training.task` in messages and --set like every key, and it is what training optimises
+    // (supervised fine-tuning now; preference and diffusion objectives later).
+    k("task", &S::task, one_of({"vlm_sft"}));
     k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
     k("save_every", &S::save_every, at_least(0));
     k("keep_last", &S::keep_last, at_least(1));

@@ -93,6 +93,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(t.resume, "none");
   EXPECT_EQ(t.threads, 2);
   EXPECT_EQ(t.peak_tflops, 1.5);
+  EXPECT_EQ(t.task, "vlm_sft");
 
   EXPECT_EQ(c.tools.log_every, 5);
   EXPECT_EQ(c.tools.log_level, "debug");
@@ -195,6 +196,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(t.resume, "auto");
   EXPECT_EQ(t.threads, 0);
   EXPECT_EQ(t.peak_tflops, 0.0);
+  EXPECT_EQ(t.task, "vlm_sft");  // so every config written before the key stays valid
 
   EXPECT_EQ(c.tools.log_every, 10);
   EXPECT_EQ(c.tools.log_level, "info");
@@ -277,6 +279,11 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
             "job.yaml: features.recompute: 'full' is not one of none");
+  EXPECT_EQ(parse_error(with_training("  task: dpo\n")),
+            "job.yaml: training.task: 'dpo' is not one of vlm_sft");
+  EXPECT_EQ(parse_error(kMinimal, {"training.task=sft"}),
+            "--set training.task=sft: 'sft' is not one of vlm_sft");
+  EXPECT_EQ(parse_config(with_training("  task: vlm_sft\n"), "job.yaml").training.task, "vlm_sft");
   EXPECT_EQ(parse_error(kMinimal + "tools: {log_level: verbose}\n"),
             "job.yaml: tools.log_level: 'verbose' is not one of trace, debug, info, warn, error");
   EXPECT_EQ(
