@@ -41,7 +41,7 @@ struct Trainer::StepStats {
   double loss = 0, grad_norm = 0;
   int64_t tokens = 0, samples = 0;
   double flops = 0;
-  double grad_sync_s = 0;  // gradient communication not hidden behind backward (all-reduce, ZeRO, FSDP)
+  double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
   double forward_s = 0, backward_s = 0;
 };
 
