@@ -17,12 +17,15 @@ namespace loom::tasks {
 
 namespace {
 
-// Builds a task's model and the task over an already formed layout.
-using TaskBuilder = std::function<BuiltJob(const config::JobConfig&, core::Layout)>;
+// Checks the job's layout against its model, forms the groups over `world`, and builds the model and
+// the task over them.
+using TaskBuilder = std::function<BuiltJob(const config::JobConfig&, std::shared_ptr<dist::Comm> world)>;
 
-BuiltJob build_vlm_sft(const config::JobConfig& job, core::Layout layout) {
+BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
   const auto& t = job.training;
   const models::Qwen2VLConfig config = models::job_model_config(job);
+  models::validate_layout(job, config, world ? world->size() : 1);
+  core::Layout layout = core::make_layout(job, std::move(world));
   parallel::ParamOptions options;
   options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   options.tp = {layout.tp, job.parallel.sequence_parallel};
@@ -61,9 +64,8 @@ BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   if (builder == builders().end())
     throw ConfigError(fmt::format("training.task: '{}' is not a task Loom trains (valid: {})",
                                   job.training.task, fmt::join(task_names(), ", ")));
-  validate_layout(job, world ? world->size() : 1);
   nn::set_fused_kernels(job.features.fused_kernels);
-  return builder->second(job, core::make_layout(job, std::move(world)));
+  return builder->second(job, std::move(world));
 }
 
 }  // namespace loom::tasks

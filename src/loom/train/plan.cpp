@@ -104,11 +104,8 @@ class LayoutGradients : public GradientSync {
   // Each trainable parameter's share of its squared gradient norm in the sum over tp (0: whole on
   // every rank, counted once; 1: a slice; 1/n: a slice n ranks hold alike); empty at tp 1.
   std::vector<double> tp_share;
-  // Under sequence parallelism, whole parameters whose gradient is a partial sum over tp; and the
-  // replicated kv slices whose gradient is a partial sum over the ranks holding them.
-  std::vector<at::Tensor> tp_partial;
-  std::vector<std::pair<at::Tensor, parallel::ShardLayout>> tp_replicated;
-  // The same by name, for FSDP's shards.
+  // By name: under sequence parallelism, whole parameters whose gradient is a partial sum over tp;
+  // and the replicated kv slices whose gradient is a partial sum over the ranks holding them.
   std::set<std::string> partial_names;
   std::map<std::string, parallel::ShardLayout> replicated_layouts;
   std::unique_ptr<dist::GradReducer> reducer;
@@ -155,26 +152,32 @@ class LayoutGradients : public GradientSync {
     return waited + seconds_since(begin);
   }
 
-  // Sequence parallelism: each tensor-parallel rank holds part of the gradients of tp_partial.
+  // Sequence parallelism: each tensor-parallel rank holds part of the gradients of partial_names.
   // Replicated kv slices: each rank holding one has its query heads' part; every rank adds its part
   // at its slice's place in a whole-size buffer, and the sum over the group holds every slice's.
   void sum_tensor_parallel_parts() {
-    if (tp_partial.empty() && tp_replicated.empty()) return;
-    std::vector<at::Tensor> grads, wholes;
-    for (const auto& p : tp_partial)
-      if (p.grad().defined()) grads.push_back(p.grad());
-    for (const auto& [p, layout] : tp_replicated) {
+    if (partial_names.empty() && replicated_layouts.empty()) return;
+    std::vector<at::Tensor> grads;
+    for (size_t i = 0; i < trainable.size(); ++i)
+      if (partial_names.count(names[i]) && trainable[i].grad().defined())
+        grads.push_back(trainable[i].grad());
+    std::vector<std::pair<size_t, at::Tensor>> wholes;  // (trainable index, whole-size buffer)
+    for (size_t i = 0; i < trainable.size(); ++i) {
+      auto it = replicated_layouts.find(names[i]);
+      if (it == replicated_layouts.end()) continue;
+      const at::Tensor& p = trainable[i];
+      const parallel::ShardLayout& layout = it->second;
       at::Tensor whole = at::zeros(layout.whole_shape(p.sizes()), p.options());
       if (p.grad().defined())
         whole.narrow(layout.dim, layout.chunk * p.size(layout.dim), p.size(layout.dim)).copy_(p.grad());
       grads.push_back(whole);
-      wholes.push_back(whole);
+      wholes.emplace_back(i, whole);
     }
     tp->all_reduce_sum(grads);
-    for (size_t i = 0; i < tp_replicated.size(); ++i) {
-      at::Tensor& p = tp_replicated[i].first;
+    for (const auto& [i, whole] : wholes) {
+      at::Tensor& p = trainable[i];
       if (!p.grad().defined()) p.mutable_grad() = at::zeros_like(p);
-      p.mutable_grad().copy_(tp_replicated[i].second.slice(wholes[i]));
+      p.mutable_grad().copy_(replicated_layouts.at(names[i]).slice(whole));
     }
   }
 
@@ -283,15 +286,11 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
       if (cut && it->second.replicas() > 1) {
         if (it->second.parts != 1)
           throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", param.name));
-        sync->tp_replicated.emplace_back(param.param, it->second);
         sync->replicated_layouts.emplace(param.name, it->second);
       }
       // Whole parameters run on one sequence chunk per rank (norms and row-parallel biases in
       // the blocks, under sequence parallelism) hold partial gradients.
-      if (it != layouts.end() && it->second.partial_grad) {
-        sync->tp_partial.push_back(param.param);
-        sync->partial_names.insert(param.name);
-      }
+      if (it != layouts.end() && it->second.partial_grad) sync->partial_names.insert(param.name);
     }
   }
 

@@ -77,7 +77,6 @@ struct AppliedPlan {
   std::unique_ptr<Optimizer> optimizer;
   ModelStateBytes bytes;  // this rank's, between steps
   int64_t data_parallel = 1, tensor_parallel = 1;
-  std::string description;  // what the layout holds on each rank, for the log
 };
 
 // Applies the job's parallel section to `model`, whose parameters named `trainable` train:

@@ -5,14 +5,12 @@
 #include "loom/tasks/vlm_sft/messages_data.h"
 
 #include <gtest/gtest.h>
-#include <stdlib.h>
 
 #include <filesystem>
-#include <fstream>
 #include <string>
 
+#include "../checkpoint/temp_dir.h"
 #include "loom/util/errors.h"
-#include "loom/util/filesystem.h"
 
 namespace loom::tasks {
 namespace {
@@ -24,16 +22,9 @@ const std::string kFixtures = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/co
 class MessagesDataTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "loom-messages-test-XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
     fs::copy_file(kFixtures + "/images/red.png", dir_ + "/red.png");
     fs::copy_file(kFixtures + "/images/sky.jpg", dir_ + "/sky.jpg");
     write(dir_ + "/train.jsonl", sample("red.png", "red"));
-  }
-  void TearDown() override {
-    std::error_code error;
-    remove_tree(dir_, error);
   }
 
   static std::string sample(const std::string& image, const std::string& answer,
@@ -42,8 +33,7 @@ class MessagesDataTest : public ::testing::Test {
            R"("}, {"role": "assistant", "content": ")" + answer + R"("}], "images": [")" + image + "\"]}\n";
   }
   static void write(const std::string& path, const std::string& text) {
-    std::ofstream out(path, std::ios::binary | std::ios::trunc);
-    out << text;
+    checkpoint::testing::write_bytes(path, text);
   }
 
   config::DataSection section(const std::string& eval_text, int64_t eval_samples = 1) const {
@@ -70,7 +60,8 @@ class MessagesDataTest : public ::testing::Test {
     return "";
   }
 
-  std::string dir_;
+  checkpoint::testing::TempDir scratch_;
+  std::string dir_ = scratch_.path().string();
 };
 
 TEST_F(MessagesDataTest, AUsableHeldOutSetGivesItsPrompts) {
@@ -90,8 +81,7 @@ TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {
 }
 
 TEST_F(MessagesDataTest, ATruncatedHeldOutImageIsAnErrorNamingTheSample) {
-  std::ifstream in(kFixtures + "/images/sky.jpg", std::ios::binary);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string bytes = checkpoint::testing::read_bytes(kFixtures + "/images/sky.jpg");
   write(dir_ + "/cut.jpg", bytes.substr(0, bytes.size() / 2));
   const std::string error = held_out_error(sample("cut.jpg", "blue"));
   EXPECT_EQ(error.rfind("held-out sample 0 of " + dir_ + "/eval.jsonl cannot be used (corrupt image): ", 0),

@@ -87,9 +87,7 @@ VlmSftTask::VlmSftTask(const config::JobConfig& job,
       global_batch_(job.training.global_batch_size),
       micro_batch_(job.training.micro_batch_size),
       model_(std::move(model)),
-      data_comm_(layout.data),
-      data_rank_(layout.data_rank()),
-      data_parallel_(layout.data_parallel) {
+      layout_(layout) {
   const auto& config = model_->config;
   data::Qwen2VLImageOptions image;
   image.patch_size = config.vision.patch_size;
@@ -118,7 +116,7 @@ std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::Mic
 core::StepData VlmSftTask::step_data(int64_t step) const {
   // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
   const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()),
-                                     data_rank_, data_parallel_};
+                                     layout_.data_rank(), layout_.data_parallel};
   core::StepData out;
   for (data::Batch& batch : micro_batches(step, batching, &out)) {
     out.loss_count += static_cast<double>(batch.num_target_tokens);
@@ -163,7 +161,8 @@ core::Evaluation VlmSftTask::evaluate() {
     bool correct;
   };
   std::vector<Scored> scored;
-  const int64_t ranks = data_comm_ ? data_comm_->size() : 1, rank = data_comm_ ? data_comm_->rank() : 0;
+  const auto& data_comm = layout_.data;
+  const int64_t ranks = data_comm ? data_comm->size() : 1, rank = layout_.data_rank();
   for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
     if (index % ranks != rank) continue;
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
@@ -215,13 +214,13 @@ core::Evaluation VlmSftTask::evaluate() {
                         finished[r] && predicted == batch.answers[r]});
     }
   }
-  if (data_comm_) {
+  if (data_comm) {
     nlohmann::json mine = nlohmann::json::array();
     for (const Scored& s : scored)
       mine.push_back({s.position, s.prediction.question, s.prediction.answer, s.prediction.predicted,
                       s.prediction.question_type, s.correct});
     scored.clear();
-    for (const std::string& text : data_comm_->all_gather(mine.dump()))
+    for (const std::string& text : data_comm->all_gather(mine.dump()))
       for (const auto& row : nlohmann::json::parse(text))
         scored.push_back({row[0].get<int64_t>(),
                           {row[1].get<std::string>(), row[2].get<std::string>(), row[3].get<std::string>(),

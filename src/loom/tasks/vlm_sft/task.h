@@ -50,8 +50,7 @@ class VlmSftTask : public core::Task {
   config::DataSection data_section_;
   int64_t global_batch_ = 0, micro_batch_ = 0;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
-  std::shared_ptr<dist::Comm> data_comm_;
-  int64_t data_rank_ = 0, data_parallel_ = 1;
+  core::Layout layout_;  // the data-parallel group shares out the steps and the held-out set
   std::unique_ptr<JobData> data_;
 };
 
