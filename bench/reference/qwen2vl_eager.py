@@ -24,7 +24,7 @@ import time
 
 
 def ensure_openblas_kernels():
-    """The start-up fix Loom makes too (apps/loom/main.cpp), so both sides multiply with the same
+    """The start-up fix Loom makes too (apps/loom/startup.cpp), so both sides multiply with the same
     kernels: OpenBLAS falls back to Prescott's SSE3 kernels on a CPU model it does not recognise,
     although the CPU has AVX2 or AVX-512; then pick the kernels that match and start again."""
     if "OPENBLAS_CORETYPE" in os.environ:

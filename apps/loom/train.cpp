@@ -1,0 +1,130 @@
+// loom train, eval and bench: a job's Trainer, over the ranks a launcher started.
+#include <fmt/format.h>
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "commands.h"
+#include "loom/config/config.h"
+#include "loom/dist/comm.h"
+#include "loom/dist/launch_env.h"
+#include "loom/tasks/registry.h"
+#include "loom/train/trainer.h"
+#include "loom/util/log.h"
+#include "startup.h"
+
+namespace loom::cli {
+
+namespace {
+
+struct JobArguments {
+  std::string config_path;
+  std::vector<std::string> overrides;
+};
+
+// Loads the job and gives `work` its Trainer and whether this process is rank 0. Started by loom
+// run, torchrun, Slurm or Open MPI, the process first joins the other ranks, after checking that the
+// job's parallel layout fits their number.
+int with_trainer(const JobArguments& arguments, const std::function<void(train::Trainer&, bool)>& work) {
+  auto job = config::load_config(arguments.config_path, arguments.overrides);
+  configure_logging(job.tools.log_level);
+  const dist::LaunchEnv launch = dist::launch_env_from_process();
+  use_threads(job.training.threads, launch.local_world_size);
+  std::shared_ptr<dist::Comm> comm;
+  if (launch.world_size > 1) {
+    tasks::validate_layout(job, launch.world_size);
+    comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
+    if (launch.rank != 0) configure_logging("warn");  // rank 0 reports; the others only warn
+  }
+  train::Trainer trainer(job, comm);
+  work(trainer, launch.rank == 0);
+  return 0;
+}
+
+// loom bench's report: rates, step time, MFU, memory, and the time split as seconds and shares.
+nlohmann::json bench_json(const train::BenchResult& r) {
+  auto share = [&r](double seconds) { return r.total_s > 0 ? seconds / r.total_s : 0.0; };
+  nlohmann::json split;
+  for (const auto& [name, seconds] : {std::pair<const char*, double>{"data", r.data_s},
+                                      {"forward", r.forward_s},
+                                      {"backward", r.backward_s},
+                                      {"optimizer", r.optimizer_s},
+                                      {"communication", r.communication_s}})
+    split[name] = {{"s", seconds}, {"share", share(seconds)}};
+  return {{"steps", r.steps},
+          {"warmup", r.warmup},
+          {"data_parallel_ranks", r.ranks},
+          {"tokens_per_s", r.tokens_per_s},
+          {"samples_per_s", r.samples_per_s},
+          {"step_time_median_s", r.step_time_median_s},
+          {"mfu", r.mfu},
+          {"sgemm_gflops", r.sgemm_gflops},
+          {"peak_rss_mib", r.peak_rss_mib},
+          {"time_s", r.total_s},
+          {"time_split", split}};
+}
+
+}  // namespace
+
+Command add_train(CLI::App& loom) {
+  auto job = std::make_shared<JobArguments>();
+  auto* command = loom.add_subcommand("train", "Train a model from a job config (YAML)");
+  command->add_option("config", job->config_path, kConfigHelp)->required();
+  command->add_option("--set", job->overrides, kOverrideHelp);
+  return {command, [job] {
+            return with_trainer(*job, [](train::Trainer& trainer, bool main_rank) {
+              if (auto result = trainer.train(); result && main_rank) fmt::print("{}", result->report);
+            });
+          }};
+}
+
+Command add_eval(CLI::App& loom) {
+  struct Arguments {
+    JobArguments job;
+    std::string checkpoint_dir, predictions_path;
+  };
+  auto arguments = std::make_shared<Arguments>();
+  auto* command = loom.add_subcommand("eval", "Evaluate a checkpoint on the job's held-out data");
+  command->add_option("config", arguments->job.config_path, kConfigHelp)->required();
+  command->add_option("--checkpoint", arguments->checkpoint_dir, "Checkpoint directory")->required();
+  command->add_option("--set", arguments->job.overrides, kOverrideHelp);
+  command->add_option("--predictions", arguments->predictions_path,
+                      "Write each question, its answer and the model's answer as JSON lines to this file");
+  return {command, [arguments] {
+            return with_trainer(arguments->job, [&arguments](train::Trainer& trainer, bool main_rank) {
+              trainer.load_weights(arguments->checkpoint_dir);
+              const auto result = trainer.evaluate();
+              if (!main_rank) return;
+              fmt::print("{}", result.report);
+              if (!arguments->predictions_path.empty())
+                train::write_records(result, arguments->predictions_path);
+            });
+          }};
+}
+
+Command add_bench(CLI::App& loom) {
+  struct Arguments {
+    JobArguments job;
+    int64_t steps = 20, warmup = 3;
+  };
+  auto arguments = std::make_shared<Arguments>();
+  auto* command = loom.add_subcommand(
+      "bench", "Time a job's training steps after warm-up and print one JSON object (nothing is written)");
+  command->add_option("config", arguments->job.config_path, kConfigHelp)->required();
+  command->add_option("--set", arguments->job.overrides, kOverrideHelp);
+  command->add_option("--steps", arguments->steps, "Timed steps (default 20)");
+  command->add_option("--warmup", arguments->warmup, "Untimed steps first (default 3)");
+  return {command, [arguments] {
+            return with_trainer(arguments->job, [&arguments](train::Trainer& trainer, bool main_rank) {
+              const train::BenchResult r = trainer.bench(arguments->warmup, arguments->steps);
+              if (main_rank) fmt::print("{}\n", bench_json(r).dump());
+            });
+          }};
+}
+
+}  // namespace loom::cli
