@@ -1,5 +1,5 @@
 // loom forward: one forward pass of a model directory on given ids and images, its logits and
-// image embeddings written whole; under loom run the ranks split the model.
+// image embeddings written whole; under loom run the ranks split the model by tensor parallelism.
 #include <fmt/format.h>
 
 #include <chrono>
@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "loom/config/config.h"
+#include "loom/core/layout.h"
 #include "loom/data/image/decode.h"
 #include "loom/data/image/qwen2vl_processor.h"
 #include "loom/dist/comm.h"
@@ -52,32 +54,36 @@ data::Qwen2VLImageOptions image_options_for(const std::string& model_dir,
   return options;
 }
 
-// Under loom run (or another launcher) the ranks split the model by tensor parallelism, tp = the
-// number of ranks, and rank 0 writes the outputs, gathered whole.
+// forward's parallel layout as a job's parallel section: under loom run (or another launcher) the
+// ranks split the model by tensor parallelism, tp = the number of ranks, and nothing else.
+config::JobConfig forward_layout(int64_t world_size, bool sequence_parallel) {
+  config::JobConfig job;
+  job.source =
+      world_size == 1
+          ? "forward"
+          : fmt::format("forward: {} ranks (tensor parallelism, tp = the number of ranks)", world_size);
+  job.parallel.tp = world_size;
+  job.parallel.dp = 1;
+  job.parallel.sequence_parallel = sequence_parallel;
+  return job;
+}
+
+// The model is checked against the layout, and the layout formed, as loom train does for a job's;
+// rank 0 writes the outputs, gathered whole.
 int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
                 bool sequence_parallel) {
   auto config = models::model_config_from_dir(model_dir);
   const dist::LaunchEnv launch = dist::launch_env_from_process();
-  parallel::ParamOptions model_options;
-  if (launch.world_size > 1) {
-    for (const auto& [what, count] :
-         {std::pair<const char*, int64_t>{"attention heads", config.text.num_heads},
-          {"vision attention heads", config.vision.num_heads},
-          {"vocabulary rows", config.text.vocab_size}})
-      if (count % launch.world_size != 0)
-        throw ConfigError(
-            fmt::format("forward: {} ranks (tensor parallelism) do not divide the model's {} {}",
-                        launch.world_size, count, what));
-    const int64_t kv = config.text.num_kv_heads;
-    if (kv % launch.world_size != 0 && launch.world_size % kv != 0)
-      throw ConfigError(fmt::format(
-          "forward: {} ranks (tensor parallelism) neither divide the model's {} kv heads nor are a multiple "
-          "of them",
-          launch.world_size, kv));
-    model_options.tp = {dist::Comm::connect(launch, std::chrono::seconds(300)), sequence_parallel};
-  } else if (sequence_parallel) {
+  if (launch.world_size == 1 && sequence_parallel)
     throw ConfigError("forward: --sequence-parallel needs several ranks (loom run -n N -- loom forward ...)");
-  }
+  const config::JobConfig job = forward_layout(launch.world_size, sequence_parallel);
+  models::validate_layout(job, config, launch.world_size);
+  std::shared_ptr<dist::Comm> world;
+  if (launch.world_size > 1)
+    world = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
+  const core::Layout layout = core::make_layout(job, std::move(world));
+  parallel::ParamOptions model_options;
+  model_options.tp = {layout.tp, job.parallel.sequence_parallel};
   auto model = models::build_model(config, model_options);
   models::load_parameters(*model, model_dir);
   std::ifstream in(input_path);
@@ -117,7 +123,7 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
     image_embeds = model->image_embeddings(inputs.pixel_values, inputs.image_grid_thw);
   }
   auto logits = model->whole_logits(model->hidden_states(inputs));
-  if (launch.rank != 0) return 0;
+  if (!layout.is_main()) return 0;
   fs::create_directories(out_dir);
   write_f32(fs::path(out_dir) / "logits.bin", logits);
   write_f32(fs::path(out_dir) / "image_embeds.bin", image_embeds);
