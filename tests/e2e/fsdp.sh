@@ -111,7 +111,7 @@ set +e
   --set training.output_dir="$WORK/bad" > "$WORK/bad.log" 2>&1
 code=$?
 set -e
-[ "$code" -ne 0 ] || fail "a plan naming no block should fail"
-grep -q "loom: error: parallel.fsdp_plan: 'lm_head' names no block of this model; its blocks are visual.blocks.0 to model.layers.1" \
+[ "$code" -ne 0 ] || fail "a plan naming no layer should fail"
+grep -q "loom: error: parallel.fsdp_plan: 'lm_head' names no layer of this model; its layers are visual.patch_embed to model.norm" \
   "$WORK/bad.log" || { cat "$WORK/bad.log"; fail "no one-line error for a bad plan"; }
 echo "fsdp: uneven shares (text-only ranks, skipped samples), frozen blocks and bf16 match one process"

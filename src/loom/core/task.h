@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/layer.h"
+
 namespace loom::core {
 
 // One micro-batch as its task made it; the trainer only hands it back to the task.
@@ -31,9 +33,10 @@ struct StepData {
   int64_t truncated = 0, dropped = 0, skipped = 0;
 };
 
-// One micro-batch's forward pass.
+// One micro-batch's forward pass through a stage.
 struct ForwardResult {
-  at::Tensor loss_sum;  // differentiable scalar: the sum the step's count normalises
+  at::Tensor loss_sum;  // the last stage's: a differentiable scalar, the sum the step's count normalises
+  Carry output;         // any other stage's: what the next stage takes
   int64_t tokens = 0, samples = 0;
   double flops = 0;  // training FLOPs (forward + backward) of this micro-batch
 };
@@ -54,8 +57,10 @@ class Task {
   virtual StepData step_data(int64_t step) const = 0;
   // What StepData::loss_count counts, for messages ("target tokens").
   virtual std::string loss_count_name() const = 0;
-  // Runs one micro-batch's forward pass to its loss sum.
-  virtual ForwardResult forward(const MicroBatch& batch) = 0;
+  // Runs one micro-batch's forward pass through `stage` from `input` (empty on the first stage):
+  // to its loss sum on the last stage, to the carry the next stage takes on any other. The task
+  // builds the context the stage's layers read from the micro-batch.
+  virtual ForwardResult forward(const MicroBatch& batch, const Stage& stage, Carry input) = 0;
   // Evaluates the model on the held-out data, its parameters whole (every rank calls it).
   virtual Evaluation evaluate() = 0;
   // Writes what a checkpoint carries besides weights and training state (a tokenizer, processor

@@ -68,26 +68,31 @@ bool fsdp_plan_matches(const std::string& pattern, const std::string& path) {
   return true;
 }
 
-std::vector<bool> fsdp_planned_blocks(
-    const std::vector<std::string>& plan,
-    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks) {
-  std::vector<bool> planned(blocks.size(), false);
+std::vector<bool> fsdp_planned_layers(const std::vector<std::string>& plan, const core::Layers& layers) {
+  std::vector<bool> planned(layers.size(), false);
   for (const std::string& pattern : plan) {
     bool any = false;
-    for (size_t b = 0; b < blocks.size(); ++b)
-      if (fsdp_plan_matches(pattern, blocks[b].first)) planned[b] = any = true;
+    for (size_t l = 0; l < layers.size(); ++l) {
+      if (!fsdp_plan_matches(pattern, layers[l]->name())) continue;
+      if (layers[l]->parameters_read_outside())
+        throw ConfigError(fmt::format(
+            "parallel.fsdp_plan: '{}' names {}, whose parameters are also read outside it (a tied LM head "
+            "reads the token embedding): it stays in the root unit",
+            pattern, layers[l]->name()));
+      planned[l] = any = true;
+    }
     if (!any)
       throw ConfigError(fmt::format(
-          "parallel.fsdp_plan: '{}' names no block of this model; its blocks are {} to {} (patterns such "
+          "parallel.fsdp_plan: '{}' names no layer of this model; its layers are {} to {} (patterns such "
           "as visual.blocks.{{*}}, model.layers.{{0-3}})",
-          pattern, blocks.empty() ? "none" : blocks.front().first,
-          blocks.empty() ? "none" : blocks.back().first));
+          pattern, layers.empty() ? "none" : layers.front()->name(),
+          layers.empty() ? "none" : layers.back()->name()));
   }
   return planned;
 }
 
 struct FullyShardedModel::Unit {
-  std::string name;  // the block's path, or "root"
+  std::string name;  // the layer's path, or "root"
   std::shared_ptr<FlatShard> shard;
   at::Tensor whole;  // every parameter's values end to end (padded); storage only while gathered
   bool gathered = false;
@@ -100,24 +105,23 @@ struct FullyShardedModel::Unit {
   int64_t reduce_bytes = 0;
 };
 
-FullyShardedModel::FullyShardedModel(
-    std::shared_ptr<dist::Comm> comm, const std::vector<std::pair<std::string, at::Tensor>>& params,
-    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks,
-    const std::vector<std::string>& plan) {
-  const std::vector<bool> planned = fsdp_planned_blocks(plan, blocks);
-  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(blocks.size() + 1);  // 0: root
+FullyShardedModel::FullyShardedModel(std::shared_ptr<dist::Comm> comm,
+                                     const std::vector<std::pair<std::string, at::Tensor>>& params,
+                                     const core::Layers& layers, const std::vector<std::string>& plan) {
+  const std::vector<bool> planned = fsdp_planned_layers(plan, layers);
+  std::vector<std::vector<std::pair<std::string, at::Tensor>>> members(layers.size() + 1);  // 0: root
   for (const auto& [name, param] : params) {
     size_t target = 0;
-    for (size_t b = 0; b < blocks.size(); ++b)
-      if (planned[b] && name.rfind(blocks[b].first + ".", 0) == 0) target = b + 1;
+    for (size_t l = 0; l < layers.size(); ++l)
+      if (planned[l] && name.rfind(layers[l]->name() + ".", 0) == 0) target = l + 1;
     members[target].emplace_back(name, param);
   }
-  // A block none of whose parameters trains stays whole on every rank and runs as it is.
-  for (size_t b = 0; b < blocks.size(); ++b) {
-    const std::string prefix = blocks[b].first + ".";
+  // A layer none of whose parameters trains stays whole on every rank and runs as it is.
+  for (const auto& layer : layers) {
+    const std::string prefix = layer->name() + ".";
     if (std::none_of(params.begin(), params.end(),
                      [&](const auto& p) { return p.first.rfind(prefix, 0) == 0; }))
-      whole_blocks_.insert(blocks[b].second.get());
+      whole_layers_.insert(layer.get());
   }
   // Everything is checked before any parameter changes.
   for (const auto& unit : members)
@@ -136,9 +140,9 @@ FullyShardedModel::FullyShardedModel(
 
   at::NoGradGuard no_grad;
   for (size_t m = 0; m < members.size(); ++m) {
-    if (m > 0 && members[m].empty()) continue;  // a frozen block stays whole and runs directly
+    if (m > 0 && members[m].empty()) continue;  // a frozen layer stays whole and runs directly
     auto unit = std::make_unique<Unit>();
-    unit->name = m == 0 ? "root" : blocks[m - 1].first;
+    unit->name = m == 0 ? "root" : layers[m - 1]->name();
     std::vector<std::string> names;
     std::vector<at::Tensor> tensors;
     const at::ScalarType dtype = members[m].empty() ? at::kFloat : members[m].front().second.scalar_type();
@@ -159,7 +163,7 @@ FullyShardedModel::FullyShardedModel(
     release_storage(unit->whole);
     unit->ready.assign(tensors.size(), false);
     const size_t u = units_.size();
-    if (m > 0) unit_of_[blocks[m - 1].second.get()] = u;
+    if (m > 0) unit_of_[layers[m - 1].get()] = u;
     for (size_t i = 0; i < tensors.size(); ++i) {
       auto accumulator = torch::autograd::impl::grad_accumulator(tensors[i]);
       hook_keys_.push_back(accumulator->add_post_hook(
@@ -269,7 +273,7 @@ void FullyShardedModel::issue_forward_through(size_t position) {
 }
 
 void FullyShardedModel::pass_over_forward_before(size_t u) {
-  // Units before `u` whose forward this rank skipped (no images: no vision block ran): their
+  // Units before `u` whose forward this rank skipped (no images: no vision layer ran): their
   // gathers pair with the other ranks', one at a time, so no more than one is whole at once.
   for (; forward_next_ < u; ++forward_next_) {
     start_gather(forward_next_);
@@ -295,43 +299,49 @@ void FullyShardedModel::begin_pass() {
     unit->waiting = unit->ready.size();
     unit->ready_bytes = 0;
   }
-  issue_forward_through(1);  // the root unit, and the first block's gather behind it
+  issue_forward_through(1);  // the root unit, and the first layer unit's gather behind it
   wait_gather(0);
 }
 
-at::Tensor FullyShardedModel::run(const torch::nn::Module& block, const at::Tensor& hidden,
-                                  const std::function<at::Tensor(const at::Tensor&)>& forward) {
+core::Carry FullyShardedModel::run(const core::Layer& layer, core::Carry carry,
+                                   const std::function<core::Carry(core::Carry)>& next) {
   size_t u = 0;
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
-    const auto it = unit_of_.find(&block);
-    if (mode_ == Mode::gathered || whole_blocks_.count(&block) > 0) return forward(hidden);
+    const auto it = unit_of_.find(&layer);
+    if (mode_ == Mode::gathered || whole_layers_.count(&layer) > 0) return next(std::move(carry));
     if (mode_ != Mode::pass)
       throw ModelError(
-          fmt::format("FSDP: block {} ran while the parameters were sharded (outside a pass "
-                      "or gather_all)",
-                      it != unit_of_.end() ? units_[it->second]->name : "of the root unit"));
-    if (it == unit_of_.end()) return forward(hidden);  // its parameters are the root unit's, gathered
+          fmt::format("FSDP: layer {} ran while the parameters were sharded (outside a pass or gather_all)",
+                      layer.name()));
+    if (it == unit_of_.end()) return next(std::move(carry));  // its parameters are the root unit's, gathered
     u = it->second;
     pass_over_forward_before(u);
-    issue_forward_through(u + 1);  // this block, and the next one's gather to overlap this compute
+    issue_forward_through(u + 1);  // this layer, and the next one's gather to overlap this compute
     wait_gather(u);
     if (!units_[u]->gathered)
       throw ModelError(fmt::format(
-          "FSDP: block {} ran twice in one pass (its weights are freed after it runs)", units_[u]->name));
+          "FSDP: layer {} ran twice in one pass (its weights are freed after it runs)", units_[u]->name));
   }
-  at::Tensor out = forward(hidden);
+  std::set<const void*> inputs;
+  for (const auto& [name, tensor] : carry.tensors()) inputs.insert(tensor.unsafeGetTensorImpl());
+  core::Carry out = next(std::move(carry));
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   free_unit(u);
-  if (out.requires_grad()) out.register_hook([this, u](const at::Tensor&) { before_backward(u); });
+  // Backward reaches the layer when the gradient of what it made arrives.
+  for (const auto& [name, tensor] : out.tensors())
+    if (tensor.requires_grad() && inputs.count(tensor.unsafeGetTensorImpl()) == 0) {
+      at::Tensor made = tensor;
+      made.register_hook([this, u](const at::Tensor&) { before_backward(u); });
+    }
   return out;
 }
 
 void FullyShardedModel::before_backward(size_t u) {
   std::lock_guard<std::recursive_mutex> lock(mutex_);
   if (mode_ != Mode::pass) return;
-  const size_t position = units_.size() - 1 - u;  // blocks in reverse
-  issue_backward_through(position + 1);           // and the block backward reaches next
+  const size_t position = units_.size() - 1 - u;  // layer units in reverse
+  issue_backward_through(position + 1);           // and the unit backward reaches next
   wait_gather(u);
 }
 

@@ -1,27 +1,29 @@
 // FSDP (ZeRO stage 3): every trainable parameter is sharded across the data-parallel ranks, and a
-// rank holds whole parameters only while a block that needs them runs.
+// rank holds whole parameters only while a layer that needs them runs.
 //
-// Units. Each block the plan names (fsdp_plan: module paths such as model.layers.{*}) is a unit of
-// its own; every other trainable parameter (embeddings, patch embedding, merger, final norm, LM
-// head, and blocks the plan leaves out) forms the root unit. A unit's trainable parameters are laid
-// end to end in one flat buffer (parallel::FlatShard); each rank keeps its equal slice of it as fp32
-// master weights, and the parameters themselves become views of a whole buffer whose storage
-// exists only while the unit is gathered. Frozen parameters stay whole on every rank.
+// Units. Each layer the plan names (fsdp_plan: layer paths such as model.layers.{*}; by default the
+// model's repeated blocks) is a unit of its own; every other trainable parameter (in the default
+// plan: patch embedding, merger, token embedding, final norm, LM head) forms the root unit. A
+// unit's trainable parameters are laid end to end in one flat buffer (parallel::FlatShard); each
+// rank keeps its equal slice of it as fp32 master weights, and the parameters themselves become
+// views of a whole buffer whose storage exists only while the unit is gathered. Frozen parameters
+// stay whole on every rank.
 //
 // A training pass (one micro-batch: begin_pass, forward, backward, end_pass):
 // - the root unit is gathered at the start of the pass and kept until its gradients are reduced;
-// - a block unit is all-gathered just before its forward (the next block's gather is started at
-//   the same time, so it overlaps this block's compute) and freed right after it;
-// - a hook on the block's output gathers it again when backward reaches the block (prefetching the
-//   block backward reaches next);
+// - a layer unit is all-gathered just before its forward (FullyShardedModel is the layer runner;
+//   the next unit's gather is started at the same time, so it overlaps this layer's compute) and
+//   freed right after it;
+// - a hook on what the layer made gathers it again when backward reaches the layer (prefetching
+//   the unit backward reaches next);
 // - once every gradient of a unit is final, the gradients are flattened, reduce-scattered (each
 //   rank receives the sum of its slice, added to the shard's gradient) and the whole gradients and
 //   parameters are freed.
 // Gathers and reduce-scatters travel on two process groups of their own, each in one fixed order
-// on every rank (forward: root then blocks; backward: blocks in reverse, then root). A rank that
-// skipped a unit (no images in its micro-batch) or a whole pass (fewer micro-batches) still takes
-// part in that unit's collectives, with zero gradients, when end_pass closes the pass; so ranks
-// never wait on each other's data.
+// on every rank (forward: root then layer units; backward: those in reverse, then root). A rank
+// that skipped a unit (no images in its micro-batch) or a whole pass (fewer micro-batches) still
+// takes part in that unit's collectives, with zero gradients, when end_pass closes the pass; so
+// ranks never wait on each other's data.
 //
 // Outside a pass, gather_all() makes every parameter whole (evaluation, checkpoints, loading
 // weights) until release_all().
@@ -42,8 +44,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/core/layer.h"
 #include "loom/dist/comm.h"
-#include "loom/nn/block_runner.h"
 #include "loom/parallel/flat_shard.h"
 
 namespace torch::autograd {
@@ -55,21 +57,18 @@ namespace loom::parallel {
 // Whether a dotted module path matches an fsdp_plan pattern, part by part: a part {*} matches any
 // integer and {a-b} an integer from a to b; any other part matches itself.
 bool fsdp_plan_matches(const std::string& pattern, const std::string& path);
-// Which of a model's blocks (by path, in forward order) the plan names; ConfigError for a pattern
-// that names none.
-std::vector<bool> fsdp_planned_blocks(
-    const std::vector<std::string>& plan,
-    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks);
+// Which of a model's layers (in forward order) the plan names; ConfigError for a pattern that names
+// none, or names a layer whose parameters something outside it also reads.
+std::vector<bool> fsdp_planned_layers(const std::vector<std::string>& plan, const core::Layers& layers);
 
-class FullyShardedModel : public nn::BlockRunner {
+class FullyShardedModel : public core::LayerRunner {
  public:
-  // `params`: the model's trainable parameters by name; `blocks`: its blocks in forward order, by
-  // the path that prefixes their parameters' names; `plan`: the patterns naming the blocks that are
-  // units of their own (ConfigError for a pattern that names no block). `comm` is the data-parallel
-  // group; the gathers and reduce-scatters get two groups of their own formed from it.
+  // `params`: the model's trainable parameters by name; `layers`: its layers in forward order;
+  // `plan`: the patterns naming the layers that are units of their own (fsdp_planned_layers). `comm`
+  // is the data-parallel group; the gathers and reduce-scatters get two groups of their own formed
+  // from it.
   FullyShardedModel(std::shared_ptr<dist::Comm> comm,
-                    const std::vector<std::pair<std::string, at::Tensor>>& params,
-                    const std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>>& blocks,
+                    const std::vector<std::pair<std::string, at::Tensor>>& params, const core::Layers& layers,
                     const std::vector<std::string>& plan);
   ~FullyShardedModel() override;
   FullyShardedModel(const FullyShardedModel&) = delete;
@@ -87,8 +86,8 @@ class FullyShardedModel : public nn::BlockRunner {
   // After new values were written into the gathered parameters: each rank takes its slice of them.
   void reshard_from_parameters();
 
-  at::Tensor run(const torch::nn::Module& block, const at::Tensor& hidden,
-                 const std::function<at::Tensor(const at::Tensor&)>& forward) override;
+  core::Carry run(const core::Layer& layer, core::Carry carry,
+                  const std::function<core::Carry(core::Carry)>& next) override;
 
   // The units' shards (root first), for the optimizer.
   std::vector<std::shared_ptr<FlatShard>> shards() const;
@@ -118,10 +117,10 @@ class FullyShardedModel : public nn::BlockRunner {
 
   enum class Mode { sharded, pass, gathered };
   std::shared_ptr<dist::Comm> gather_comm_, reduce_comm_;
-  std::vector<std::unique_ptr<Unit>> units_;  // root first, then blocks in forward order
-  std::map<const torch::nn::Module*, size_t> unit_of_;
-  std::set<const torch::nn::Module*> whole_blocks_;  // blocks with no trainable parameter
-  // Backward order of the gathers (blocks in reverse) and of the reduce-scatters (then root).
+  std::vector<std::unique_ptr<Unit>> units_;  // root first, then layer units in forward order
+  std::map<const core::Layer*, size_t> unit_of_;
+  std::set<const core::Layer*> whole_layers_;  // layers with no trainable parameter
+  // Backward order of the gathers (layer units in reverse) and of the reduce-scatters (then root).
   std::vector<size_t> backward_gathers_, reductions_;
   size_t forward_next_ = 0, backward_next_ = 0, reduce_next_ = 0;
   std::atomic<Mode> mode_{Mode::sharded};

@@ -1,6 +1,10 @@
 #include "loom/train/forward_backward.h"
 
+#include <fmt/format.h>
+
 #include <chrono>
+
+#include "loom/util/errors.h"
 
 namespace loom::train {
 namespace {
@@ -14,8 +18,13 @@ double seconds_since(Clock::time_point start) {
 }  // namespace
 
 ScheduleResult forward_backward_no_pipelining(
-    const ForwardStep& forward_step, const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
-    size_t passes, double scale, GradientSync& sync) {
+    const ForwardStep& forward_step, const std::vector<core::Stage>& stages,
+    const std::vector<std::shared_ptr<const core::MicroBatch>>& batches, size_t passes, double scale,
+    GradientSync& sync) {
+  if (stages.size() != 1 || !stages.front().first || !stages.front().last)
+    throw ModelError(fmt::format("forward_backward_no_pipelining runs one stage holding every layer, not {}",
+                                 stages.size()));
+  const core::Stage& stage = stages.front();
   ScheduleResult r;
   for (size_t m = 0; m < passes; ++m) {
     sync.begin_pass();
@@ -24,7 +33,7 @@ ScheduleResult forward_backward_no_pipelining(
       continue;
     }
     const auto forward_begin = Clock::now();
-    const core::ForwardResult out = forward_step(*batches[m]);
+    const core::ForwardResult out = forward_step(*batches[m], stage, {});
     r.forward_s += seconds_since(forward_begin);
     sync.before_backward(m + 1 == batches.size());
     const auto backward_begin = Clock::now();

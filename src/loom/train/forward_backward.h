@@ -13,7 +13,9 @@
 
 namespace loom::train {
 
-using ForwardStep = std::function<core::ForwardResult(const core::MicroBatch&)>;
+// The task's forward of one micro-batch through one stage (core::Task::forward).
+using ForwardStep =
+    std::function<core::ForwardResult(const core::MicroBatch&, const core::Stage&, core::Carry)>;
 
 // What a schedule ran, summed over this rank's micro-batches.
 struct ScheduleResult {
@@ -24,11 +26,13 @@ struct ScheduleResult {
   double sync_s = 0;  // waited in the passes' communication (FSDP)
 };
 
-// Every micro-batch in turn, forward then backward of its loss sum times `scale` (one over the
-// step's global count), in `passes` passes: those beyond the micro-batches are empty (a rank with
-// fewer micro-batches than another still takes part in each pass's collectives).
+// One stage holding every layer: each micro-batch in turn, forward then backward of its loss sum
+// times `scale` (one over the step's global count), in `passes` passes: those beyond the
+// micro-batches are empty (a rank with fewer micro-batches than another still takes part in each
+// pass's collectives).
 ScheduleResult forward_backward_no_pipelining(
-    const ForwardStep& forward_step, const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
-    size_t passes, double scale, GradientSync& sync);
+    const ForwardStep& forward_step, const std::vector<core::Stage>& stages,
+    const std::vector<std::shared_ptr<const core::MicroBatch>>& batches, size_t passes, double scale,
+    GradientSync& sync);
 
 }  // namespace loom::train

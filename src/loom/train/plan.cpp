@@ -263,6 +263,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
                               std::shared_ptr<dist::Comm> tp) {
   const auto& p = job.parallel;
   const auto& t = job.training;
+  const core::Layers layers = model.layers();
+  core::RunnerChain runners;  // outermost first
   auto sync = std::make_unique<LayoutGradients>();
   sync->data = data;
   sync->tp = tp;
@@ -305,12 +307,12 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     // FSDP: the units shard the parameters; the optimizer updates the units' slices.
     std::vector<std::pair<std::string, at::Tensor>> trainable;
     for (const auto& param : params) trainable.emplace_back(param.name, param.param);
-    const auto layers = model.layers();
     std::vector<std::string> units = p.fsdp_plan;
-    if (units.empty())
-      for (const auto& layer : layers) units.push_back(layer.first);
+    if (units.empty())  // the model's repeated blocks
+      for (const auto& layer : layers)
+        if (layer->block()) units.push_back(layer->name());
     sync->fsdp = std::make_shared<parallel::FullyShardedModel>(data, trainable, layers, units);
-    model.set_layer_runner(sync->fsdp);
+    runners.push_back(sync->fsdp);
     sync->sharded = std::make_shared<ShardedAdamW>(data, sync->fsdp->shards(), adamw);
     plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);
     bytes.parameters = sync->fsdp->shard_parameter_bytes();  // the fp32 slices are the parameters
@@ -379,11 +381,12 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
       "MiB{}; model state per rank: {} bytes",
       bytes.parameters / 1048576.0, bytes.gradients / 1048576.0, bytes.optimizer / 1048576.0, layout,
       bytes.total());
-  if (p.zero == 3 && !data)
-    parallel::fsdp_planned_blocks(p.fsdp_plan, model.layers());  // a bad plan fails here too
+  if (p.zero == 3 && !data) parallel::fsdp_planned_layers(p.fsdp_plan, layers);  // a bad plan fails here too
   if (p.zero != 0 && !data)
     spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard", p.zero);
   plan.gradients = std::move(sync);
+  // One stage, every layer (pipeline parallelism is refused before the plan is applied).
+  plan.stages.push_back(core::Stage{layers, std::move(runners), true, true});
   return plan;
 }
 

@@ -1,8 +1,9 @@
-// The parallel plan, applied to a built model from outside: which wrapper its layers run through
-// (FSDP), how the gradients are summed over the ranks (bucketed all-reduce overlapped with
-// backward, ZeRO-1's reduce-scatter, FSDP's reduce-scatters, and tensor parallelism's partial and
-// replicated-slice sums), the global gradient-norm clip, and the optimizer over whatever each rank
-// holds. The trainer drives the two objects apply_parallelism returns and knows none of the modes.
+// The parallel plan, applied to a built model from outside: the stages this rank runs (the model's
+// layers with the runners they go through: FSDP's gather and free), how the gradients are summed over the
+// ranks (bucketed all-reduce overlapped with backward, ZeRO-1's reduce-scatter, FSDP's reduce-scatters, and
+// tensor parallelism's partial and replicated-slice sums), the global gradient-norm clip, and the optimizer
+// over whatever each rank holds. The trainer drives the two objects apply_parallelism returns and knows none
+// of the modes.
 //
 // It sits in train/ beside the optimizers rather than in parallel/: ZeRO's reduce-scatter is the
 // sharded optimizer's own, and parallel/ builds below the models it is applied to.
@@ -73,6 +74,7 @@ class Optimizer {
 };
 
 struct AppliedPlan {
+  std::vector<core::Stage> stages;  // the model's layers this rank runs, with their runners
   std::unique_ptr<GradientSync> gradients;
   std::unique_ptr<Optimizer> optimizer;
   ModelStateBytes bytes;  // this rank's, between steps

@@ -2,7 +2,6 @@
 
 #include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
-#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -36,14 +35,6 @@ JobParts built_parts(const config::JobConfig& job, std::shared_ptr<dist::Comm> c
 }
 
 }  // namespace
-
-struct Trainer::StepStats {
-  double loss = 0, grad_norm = 0;
-  int64_t tokens = 0, samples = 0;
-  double flops = 0;
-  double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
-  double forward_s = 0, backward_s = 0;
-};
 
 Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     : Trainer(job, built_parts(job, std::move(comm))) {}
@@ -165,9 +156,11 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
     throw DataError(fmt::format("a training step has no {} to learn from", parts_.task->loss_count_name()));
   const double scale = 1.0 / count;
   core::Task& task = *parts_.task;
-  const ScheduleResult r =
-      forward_backward_no_pipelining([&task](const core::MicroBatch& batch) { return task.forward(batch); },
-                                     step.micro_batches, passes, scale, sync);
+  const ScheduleResult r = forward_backward_no_pipelining(
+      [&task](const core::MicroBatch& batch, const core::Stage& stage, core::Carry input) {
+        return task.forward(batch, stage, std::move(input));
+      },
+      plan_.stages, step.micro_batches, passes, scale, sync);
   StepStats stats;
   stats.forward_s = r.forward_s;
   stats.backward_s = r.backward_s;
@@ -191,55 +184,6 @@ void Trainer::dump_gradients() const {
   const std::string path = fmt::format("{}/step-{:08d}.safetensors", dir, step_ + 1);
   checkpoint::save_safetensors(path, grads);
   spdlog::info("wrote the gradients of step {} to {}", step_ + 1, path);
-}
-
-BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
-  if (warmup < 0 || steps < 1)
-    throw ConfigError(fmt::format("bench: needs steps >= 1 and warmup >= 0, got {} and {}", steps, warmup));
-  const auto& t = job_.training;
-  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
-  peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
-  const core::Task& task = *parts_.task;
-  data::PrefetchLoader<core::StepData> loader([&task](int64_t step) { return task.step_data(step); }, 0,
-                                              static_cast<int>(job_.data.num_workers),
-                                              static_cast<int>(job_.data.prefetch));
-  BenchResult r;
-  r.steps = steps;
-  r.warmup = warmup;
-  r.ranks = parts_.layout.data_parallel;
-  r.sgemm_gflops = peak_flops_ / 1e9;
-  std::vector<double> step_times;
-  double tokens = 0, samples = 0, flops = 0;
-  for (int64_t i = 0; i < warmup + steps; ++i) {
-    const auto begin = Clock::now();
-    const double wait_before = loader.wait_seconds();
-    const core::StepData step = loader.next();
-    const double data_wait = loader.wait_seconds() - wait_before;
-    const StepStats stats = train_step(step);
-    const auto optimizer_begin = Clock::now();
-    plan_.optimizer->step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
-    const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
-    if (i < warmup) continue;
-    step_times.push_back(seconds);
-    r.total_s += seconds;
-    r.data_s += data_wait;
-    r.forward_s += stats.forward_s;
-    r.backward_s += stats.backward_s;
-    r.optimizer_s += optimizer_s;
-    r.communication_s += stats.grad_sync_s;
-    tokens += static_cast<double>(stats.tokens);
-    samples += static_cast<double>(stats.samples);
-    flops += stats.flops;
-  }
-  std::sort(step_times.begin(), step_times.end());
-  r.step_time_median_s = step_times[step_times.size() / 2];
-  r.tokens_per_s = tokens / r.total_s;
-  r.samples_per_s = samples / r.total_s;
-  r.mfu = mfu(flops, r.total_s);
-  struct rusage usage {};
-  ::getrusage(RUSAGE_SELF, &usage);
-  r.peak_rss_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux
-  return r;
 }
 
 std::optional<core::Evaluation> Trainer::train() {

@@ -49,7 +49,7 @@ class Trainer {
   // Returns the final evaluation, or nothing when training.exit_interval stopped the run early.
   std::optional<core::Evaluation> train();
   // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
-  // metrics or evaluation; nothing is written) and measures the last `steps`.
+  // metrics or evaluation; nothing is written) and measures the last `steps` (bench.cpp).
   BenchResult bench(int64_t warmup, int64_t steps);
   // The task's evaluation, every parameter whole (every rank gets the whole result).
   core::Evaluation evaluate();
@@ -60,7 +60,13 @@ class Trainer {
   const core::Model& model() const { return *parts_.model; }
 
  private:
-  struct StepStats;
+  struct StepStats {
+    double loss = 0, grad_norm = 0;
+    int64_t tokens = 0, samples = 0;
+    double flops = 0;
+    double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
+    double forward_s = 0, backward_s = 0;
+  };
   StepStats train_step(const core::StepData& step);
   void save_checkpoint();
   void dump_gradients() const;  // tools.dump_gradients

@@ -1,7 +1,7 @@
 // FSDP on a one-process group: every pass must give the gradients of the unwrapped model (summed
 // over micro-batches into the shards), the whole parameters must exist only while gathered, and
-// the plan must name blocks that exist. The split over several ranks is checked against one
-// process in tests/e2e/data_parallel.sh and tests/e2e/fsdp.sh.
+// the plan must name layers that exist and can be freed after they run. The split over several ranks is
+// checked against one process in tests/e2e/data_parallel.sh and tests/e2e/fsdp.sh.
 #include "loom/parallel/fsdp.h"
 
 #include <gtest/gtest.h>
@@ -53,9 +53,11 @@ models::VisionLanguageInputs inputs(bool with_image, int64_t seed) {
   return in;
 }
 
-at::Tensor loss(const models::Qwen2VLForConditionalGeneration& model,
-                const models::VisionLanguageInputs& in) {
-  auto logits = model.forward(in);
+// Every layer through `runners` (FSDP, or none), then the LM head and the mean token loss.
+at::Tensor loss(const models::Qwen2VLForConditionalGeneration& model, const models::VisionLanguageInputs& in,
+                const core::RunnerChain& runners = {}) {
+  const core::Stage stage{model.layers(), runners};
+  auto logits = model.whole_logits(stage.forward({}, *model.context(in)).get("hidden"));
   const int64_t n = logits.size(1);
   return at::cross_entropy_loss(logits.narrow(1, 0, n - 1).reshape({-1, logits.size(2)}),
                                 in.input_ids.narrow(1, 1, n - 1).reshape({-1}));
@@ -66,24 +68,23 @@ std::vector<std::pair<std::string, at::Tensor>> trainable(
   return models::named_parameters(model);
 }
 
-TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
+// Passes under `plan` (whose units are `units`) against the unwrapped model.
+void check_passes(const std::vector<std::string>& plan, const std::vector<std::string>& units) {
   auto plain = tiny_model(), sharded = tiny_model();
-  auto fsdp = std::make_shared<FullyShardedModel>(
-      testing::one_process_group(), trainable(*sharded), sharded->layers(),
-      std::vector<std::string>{"visual.blocks.{*}", "model.layers.{*}"});
-  sharded->set_layer_runner(fsdp);
-  EXPECT_EQ(fsdp->unit_names(), (std::vector<std::string>{"root", "visual.blocks.0", "visual.blocks.1",
-                                                          "model.layers.0", "model.layers.1"}));
+  auto fsdp = std::make_shared<FullyShardedModel>(testing::one_process_group(), trainable(*sharded),
+                                                  sharded->layers(), plan);
+  const core::RunnerChain runners{fsdp};
+  EXPECT_EQ(fsdp->unit_names(), units);
   const auto params = trainable(*sharded);
   auto storage_bytes = [](const at::Tensor& t) { return t.storage().nbytes(); };
   for (const auto& [name, p] : params) EXPECT_EQ(storage_bytes(p), 0U) << name << " is whole outside a pass";
-  EXPECT_ANY_THROW(loss(*sharded, inputs(true, 1)));  // sharded: nothing whole to run on
+  EXPECT_ANY_THROW(loss(*sharded, inputs(true, 1), runners));  // sharded: nothing whole to run on
 
   // Two micro-batches, one without an image (the vision tower does not run): their gradients add up.
   for (bool with_image : {true, false}) {
     loss(*plain, inputs(with_image, 2)).backward();
     fsdp->begin_pass();
-    loss(*sharded, inputs(with_image, 2)).backward();
+    loss(*sharded, inputs(with_image, 2), runners).backward();
     fsdp->end_pass();
     for (const auto& [name, p] : params) {
       EXPECT_EQ(storage_bytes(p), 0U) << name << " is whole after a pass";
@@ -106,9 +107,21 @@ TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
   fsdp->gather_all();
   for (size_t i = 0; i < params.size(); ++i) EXPECT_TRUE(params[i].second.equal(plain_params[i].second));
   at::NoGradGuard no_grad;
-  EXPECT_TRUE(loss(*sharded, inputs(true, 3)).equal(loss(*plain, inputs(true, 3))));
+  EXPECT_TRUE(loss(*sharded, inputs(true, 3), runners).equal(loss(*plain, inputs(true, 3))));
   fsdp->release_all();
   for (const auto& [name, p] : params) EXPECT_EQ(storage_bytes(p), 0U) << name;
+}
+
+TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
+  check_passes({"visual.blocks.{*}", "model.layers.{*}"},
+               {"root", "visual.blocks.0", "visual.blocks.1", "model.layers.0", "model.layers.1"});
+}
+
+// The layers around the blocks are units as well as the blocks are: the patch embedding and the
+// merger (skipped with the vision tower in a pass without images) and the final norm.
+TEST(Fsdp, AnyLayerCanBeAUnit) {
+  check_passes({"visual.patch_embed", "visual.merger", "model.layers.1", "model.norm"},
+               {"root", "visual.patch_embed", "visual.merger", "model.layers.1", "model.norm"});
 }
 
 TEST(Fsdp, NewWeightsAreResharded) {
@@ -127,7 +140,7 @@ TEST(Fsdp, NewWeightsAreResharded) {
     EXPECT_TRUE(shard->master.narrow(0, 0, shard->numel()).eq(0.5).all().item<bool>());
 }
 
-TEST(Fsdp, APlanPatternThatNamesNoBlockIsAConfigError) {
+TEST(Fsdp, APlanPatternThatNamesNoLayerIsAConfigError) {
   auto model = tiny_model();
   try {
     FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->layers(),
@@ -136,8 +149,23 @@ TEST(Fsdp, APlanPatternThatNamesNoBlockIsAConfigError) {
   } catch (const ConfigError& e) {
     EXPECT_STREQ(
         e.what(),
-        "parallel.fsdp_plan: 'lm_head' names no block of this model; its blocks are visual.blocks.0 to "
-        "model.layers.1 (patterns such as visual.blocks.{*}, model.layers.{0-3})");
+        "parallel.fsdp_plan: 'lm_head' names no layer of this model; its layers are visual.patch_embed to "
+        "model.norm (patterns such as visual.blocks.{*}, model.layers.{0-3})");
+  }
+}
+
+// The tied LM head reads the token embedding after the layers ran: it cannot be freed after its layer.
+TEST(Fsdp, ATiedEmbeddingStaysInTheRootUnit) {
+  auto model = tiny_model();
+  try {
+    FullyShardedModel fsdp(testing::one_process_group(), trainable(*model), model->layers(),
+                           {"model.embed_tokens"});
+    FAIL() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(
+        e.what(),
+        "parallel.fsdp_plan: 'model.embed_tokens' names model.embed_tokens, whose parameters are also "
+        "read outside it (a tied LM head reads the token embedding): it stays in the root unit");
   }
 }
 

@@ -1,6 +1,7 @@
 // A model and a task that are nothing like a vision-language model, for showing that the trainer,
 // the parallel plan and the schedule assume no model family: a 4-layer tanh MLP (three hidden
-// layers that are the model's layers, and an output head outside them) regressing a closed-form
+// layers that are the model's layers, passing "hidden" in the carry, and an output head the task
+// applies) regressing a closed-form
 // target y = sum_j c_j x_j^2 of inputs x_ij = sin(0.37 i + 1.1 j), the loss the mean squared error
 // over the samples of the global batch (the count that normalises it is samples, not tokens).
 #pragma once
@@ -15,37 +16,55 @@
 #include "loom/core/layout.h"
 #include "loom/core/model.h"
 #include "loom/core/task.h"
-#include "loom/nn/block_runner.h"
 
 namespace loom::testing {
+
+// The micro-batch's inputs, read by the first layer.
+struct ToyContext : core::Context {
+  at::Tensor x;  // (B, kInputs)
+};
+
+// hidden = tanh(linear(x)), x the inputs for the first layer and the carry's hidden after it.
+class ToyLayer : public core::Layer {
+ public:
+  ToyLayer(std::string name, torch::nn::Linear linear, bool first)
+      : core::Layer(std::move(name), linear.ptr()), linear_(std::move(linear)), first_(first) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const at::Tensor& x = first_ ? static_cast<const ToyContext&>(context).x : carry.get("hidden");
+    carry.set("hidden", at::tanh(linear_.ptr()->forward(x)));
+    return carry;
+  }
+
+ private:
+  torch::nn::Linear linear_;
+  bool first_;
+};
 
 class ToyMlp : public torch::nn::Module, public core::Model {
  public:
   static constexpr int64_t kInputs = 8, kWidth = 16, kHidden = 3;
 
   ToyMlp() {
-    for (int64_t i = 0; i < kHidden; ++i)
-      layers_.push_back(
-          register_module(fmt::format("layers_{}", i), torch::nn::Linear(i == 0 ? kInputs : kWidth, kWidth)));
+    for (int64_t i = 0; i < kHidden; ++i) {
+      const std::string name = fmt::format("layers_{}", i);
+      auto linear = register_module(name, torch::nn::Linear(i == 0 ? kInputs : kWidth, kWidth));
+      layers_.push_back(std::make_shared<ToyLayer>(name, linear, i == 0));
+    }
     head = register_module("head", torch::nn::Linear(kWidth, 1));
   }
 
-  // x (B, kInputs) -> (B)
-  at::Tensor forward(at::Tensor x) {
-    for (auto& layer : layers_)
-      x = nn::run_block(runner_.get(), *layer, x,
-                        [&layer](const at::Tensor& h) { return at::tanh(layer->forward(h)); });
-    return head->forward(x).squeeze(-1);
+  // The head on the last layer's hidden: (B, kWidth) -> (B).
+  at::Tensor predict(const at::Tensor& hidden) { return head->forward(hidden).squeeze(-1); }
+  // x (B, kInputs) -> (B), every layer run directly.
+  at::Tensor forward(const at::Tensor& x) {
+    ToyContext context;
+    context.x = x;
+    return predict(core::run_layers(layers_, {}, {}, context).get("hidden"));
   }
 
   torch::nn::Module& module() override { return *this; }
-  core::Layers layers() const override {
-    core::Layers out;
-    for (size_t i = 0; i < layers_.size(); ++i)
-      out.emplace_back(fmt::format("layers_{}", i), layers_[i].ptr());
-    return out;
-  }
-  void set_layer_runner(std::shared_ptr<nn::BlockRunner> runner) override { runner_ = std::move(runner); }
+  core::Layers layers() const override { return layers_; }
   nlohmann::json hf_config() const override {
     return {
         {"model_type", "loom_toy_mlp"}, {"inputs", kInputs}, {"width", kWidth}, {"hidden_layers", kHidden}};
@@ -55,8 +74,7 @@ class ToyMlp : public torch::nn::Module, public core::Model {
   torch::nn::Linear head{nullptr};
 
  private:
-  std::vector<torch::nn::Linear> layers_;
-  std::shared_ptr<nn::BlockRunner> runner_;
+  core::Layers layers_;
 };
 
 struct ToyBatch : core::MicroBatch {
@@ -99,10 +117,17 @@ class ToyRegression : public core::Task {
     return out;
   }
   std::string loss_count_name() const override { return "samples"; }
-  core::ForwardResult forward(const core::MicroBatch& micro) override {
+  core::ForwardResult forward(const core::MicroBatch& micro, const core::Stage& stage,
+                              core::Carry input) override {
     const auto& batch = static_cast<const ToyBatch&>(micro);
+    ToyContext context;
+    context.x = batch.x;
     core::ForwardResult out;
-    out.loss_sum = (model_->forward(batch.x) - batch.y).pow(2).sum();
+    core::Carry carry = stage.forward(std::move(input), context);
+    if (stage.last)
+      out.loss_sum = (model_->predict(carry.get("hidden")) - batch.y).pow(2).sum();
+    else
+      out.output = std::move(carry);
     out.samples = batch.x.size(0);
     out.tokens = out.samples;
     return out;

@@ -4,7 +4,6 @@
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
-#include "loom/parallel/sequence.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -107,24 +106,6 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   parallel::ParamOptions whole = options;
   whole.tp.sequence_parallel = false;
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, whole));
-}
-
-at::Tensor TextModel::forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids,
-                              const std::vector<int64_t>& cu_seqlens) const {
-  auto angles = nn::mrope_angles(position_ids, config.head_dim(), config.rope_theta,
-                                 config.mrope_section);  // (B, L, D)
-  auto cos = angles.cos().unsqueeze(2);                  // (B, L, 1, D)
-  auto sin = angles.sin().unsqueeze(2);
-  auto h = inputs_embeds;
-  // Sequence parallelism: the padding of a length tp does not divide is a segment of its own
-  // (packed rows) or after every real token (causal rows), and is cut off before the final norm.
-  std::vector<int64_t> cu = cu_seqlens;
-  const auto chunks = parallel::enter_sequence_parallel(tp, kSequenceDim, h, cos, sin, {&cu});
-  for (const auto& layer : layers)
-    h = nn::run_block(block_runner.get(), *layer, h,
-                      [&](const at::Tensor& x) { return layer->forward(x, cos, sin, cu); });
-  h = parallel::leave_sequence_parallel(tp, kSequenceDim, h, chunks);
-  return norm->forward(h);
 }
 
 }  // namespace loom::models

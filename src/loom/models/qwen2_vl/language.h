@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
-#include "loom/nn/block_runner.h"
 #include "loom/nn/norm.h"
 #include "loom/parallel/tensor.h"
 
@@ -44,21 +43,16 @@ class DecoderLayer : public torch::nn::Module {
   std::shared_ptr<TextMlp> mlp;
 };
 
-// model.* in HuggingFace names: embed_tokens, layers, norm.
+// model.* in HuggingFace names: embed_tokens, layers, norm. Its forward pass is the model's
+// language layers (layers.h).
 class TextModel : public torch::nn::Module {
  public:
   TextModel(const TextConfig& config, const parallel::ParamOptions& options);
-  // inputs_embeds (B, L, hidden), position_ids (3, B, L) -> hidden states after the final norm.
-  // cu_seqlens: packed samples in one row, as TextAttention takes them.
-  at::Tensor forward(const at::Tensor& inputs_embeds, const at::Tensor& position_ids,
-                     const std::vector<int64_t>& cu_seqlens = {}) const;
   std::shared_ptr<parallel::VocabParallelEmbedding> embed_tokens;
   std::vector<std::shared_ptr<DecoderLayer>> layers;
   std::shared_ptr<nn::RMSNorm> norm;
   TextConfig config;
   parallel::TensorParallelGroup tp;  // the LLM's; with sequence_parallel, blocks see one chunk of the tokens
-  // Runs each block when set (FSDP and the like); the blocks run directly when null.
-  std::shared_ptr<nn::BlockRunner> block_runner;
 };
 
 }  // namespace loom::models

@@ -110,29 +110,35 @@ Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
     lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
                                              c.text.hidden_size, c.text.vocab_size, false, head));
   }
+  layers_ = qwen2vl_layers(visual, model, c);
+}
+
+std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
+    const VisionLanguageInputs& inputs) const {
+  return qwen2vl_context(inputs, config, visual->tp, model->tp);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,
                                                              const at::Tensor& image_grid_thw) const {
-  return visual->forward(pixel_values, image_grid_thw);
+  if (!pixel_values.defined() || pixel_values.size(0) == 0)
+    return at::empty({0, config.vision.out_width}, model->embed_tokens->weight.options());
+  VisionLanguageInputs vision;  // no input ids: only the vision layers run
+  vision.pixel_values = pixel_values;
+  vision.image_grid_thw = image_grid_thw;
+  return core::run_layers(layers_, {}, {}, *context(vision)).get("image_embeds");
 }
 
-at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& in) const {
-  auto embeds = model->embed_tokens->forward(in.input_ids);  // (B, L, hidden)
-  if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
-    auto image_embeds = image_embeddings(in.pixel_values, in.image_grid_thw).to(embeds.scalar_type());
-    auto is_image = (in.input_ids == config.tokens.image).unsqueeze(-1);  // (B, L, 1)
-    const int64_t slots = is_image.sum().item<int64_t>();
-    if (slots != image_embeds.size(0))
-      throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings",
-                                   slots, image_embeds.size(0)));
-    embeds = embeds.masked_scatter(is_image, image_embeds);
-  }
-  at::Tensor positions = in.position_ids;
-  if (!positions.defined())
-    positions =
-        rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config, in.cu_seqlens).position_ids;
-  return model->forward(embeds, positions, in.cu_seqlens);
+at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs) const {
+  return core::run_layers(layers_, {}, {}, *context(inputs)).get("hidden");
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs,
+                                                          const at::Tensor& image_embeds) const {
+  VisionLanguageInputs text = inputs;
+  text.pixel_values = at::Tensor();  // the vision layers have no work
+  core::Carry carry;
+  if (image_embeds.defined()) carry.set("image_embeds", image_embeds);
+  return core::run_layers(layers_, {}, std::move(carry), *context(text)).get("hidden");
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {
@@ -175,24 +181,10 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
   return 3.0 * flops;
 }
 
-core::Layers Qwen2VLForConditionalGeneration::layers() const {
-  std::vector<std::pair<std::string, std::shared_ptr<torch::nn::Module>>> out;
-  for (size_t i = 0; i < visual->blocks.size(); ++i)
-    out.emplace_back(fmt::format("visual.blocks.{}", i), visual->blocks[i]);
-  for (size_t i = 0; i < model->layers.size(); ++i)
-    out.emplace_back(fmt::format("model.layers.{}", i), model->layers[i]);
-  return out;
-}
-
 std::vector<std::string> Qwen2VLForConditionalGeneration::freeze_examples() const {
   std::vector<std::string> out{"visual", "visual.merger", "model", "model.layers.0"};
   if (lm_head) out.push_back("lm_head");  // a tied head is model.embed_tokens
   return out;
-}
-
-void Qwen2VLForConditionalGeneration::set_layer_runner(std::shared_ptr<nn::BlockRunner> runner) {
-  visual->block_runner = runner;
-  model->block_runner = std::move(runner);
 }
 
 }  // namespace loom::models

@@ -13,6 +13,7 @@
 #include "loom/core/model.h"
 #include "loom/models/qwen2_vl/config.h"
 #include "loom/models/qwen2_vl/language.h"
+#include "loom/models/qwen2_vl/layers.h"
 #include "loom/models/qwen2_vl/vision.h"
 
 namespace loom::models {
@@ -48,10 +49,15 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
       const Qwen2VLConfig& config, const parallel::ParamOptions& options,
       const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
 
-  // Vision embeddings after the merger: (patches/4, hidden).
+  // The context the layers read for `inputs` (layers.h).
+  std::shared_ptr<const Qwen2VLContext> context(const VisionLanguageInputs& inputs) const;
+  // Vision embeddings after the merger: (patches/4, hidden); (0, hidden) without patches.
   at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
-  // Final hidden states (B, L, hidden) after the last norm.
+  // Final hidden states (B, L, hidden) after the last norm: every layer, run directly.
   at::Tensor hidden_states(const VisionLanguageInputs& inputs) const;
+  // The same from image embeddings computed before (decoding reuses them; the inputs' pixel values
+  // are not read): only the language layers run.
+  at::Tensor hidden_states(const VisionLanguageInputs& inputs, const at::Tensor& image_embeds) const;
   // LM head: (..., hidden) -> (..., vocab / tp), this rank's slice of the vocabulary (from
   // vocab_start()); all of it at tp 1. whole_logits() gathers the slices.
   at::Tensor logits(const at::Tensor& hidden) const;
@@ -65,11 +71,9 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
   double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
 
-  // core::Model. The layers are the transformer blocks in the order a forward pass runs them:
-  // visual.blocks.<i>, then model.layers.<i>; each runs through the layer runner.
+  // core::Model: the layers are those of layers.h.
   torch::nn::Module& module() override { return *this; }
-  core::Layers layers() const override;
-  void set_layer_runner(std::shared_ptr<nn::BlockRunner> runner) override;
+  core::Layers layers() const override { return layers_; }
   nlohmann::json hf_config() const override { return to_hf_config(config); }
   std::vector<std::string> freeze_examples() const override;
 
@@ -77,6 +81,9 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   std::shared_ptr<TextModel> model;
   std::shared_ptr<parallel::ColumnParallelLinear> lm_head;  // null when tied to embed_tokens
   Qwen2VLConfig config;
+
+ private:
+  core::Layers layers_;
 };
 
 }  // namespace loom::models

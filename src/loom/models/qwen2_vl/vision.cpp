@@ -4,7 +4,6 @@
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
 #include "loom/nn/rope.h"
-#include "loom/parallel/sequence.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -12,7 +11,6 @@ namespace loom::models {
 namespace {
 
 constexpr double kVisionNormEps = 1e-6;
-constexpr double kVisionRopeTheta = 10000.0;
 constexpr int64_t kSequenceDim = 0;  // patches are rows: (N, width)
 
 int64_t vision_heads_per_rank(const VisionConfig& c, const parallel::ParamOptions& options) {
@@ -180,50 +178,6 @@ VisionTransformer::VisionTransformer(const VisionConfig& c, const parallel::Para
   for (int64_t i = 0; i < c.depth; ++i)
     blocks.push_back(list->append(std::make_shared<VisionBlock>(c, options)));
   merger = register_module("merger", std::make_shared<PatchMerger>(c, options));
-}
-
-at::Tensor VisionTransformer::forward(const at::Tensor& pixel_rows, const at::Tensor& grid_thw) const {
-  const int64_t n = pixel_rows.size(0);
-  const int64_t unit = config.spatial_merge_size * config.spatial_merge_size;
-  auto hidden = patch_embed->forward(pixel_rows);  // (N, width)
-  auto positions = nn::vision_patch_positions(grid_thw, config.spatial_merge_size);
-  if (positions.size(0) != n)
-    throw ModelError(
-        fmt::format("vision input has {} patch rows but image_grid_thw describes {}", n, positions.size(0)));
-  auto angles = nn::vision_rope_angles(positions, config.head_dim(), kVisionRopeTheta);  // (N, D)
-  const auto frame_cu = vision_frame_cu_seqlens(grid_thw);
-
-  const bool windowed = config.family == VisionFamily::qwen2_5_vl;
-  WindowIndex windows;
-  if (windowed) {
-    // Reorder merge units so each window's patches are contiguous.
-    windows = vision_window_index(grid_thw, config);
-    auto by_unit = [&](const at::Tensor& x) {
-      return x.view({n / unit, unit, x.size(-1)}).index_select(0, windows.unit_order).view({n, x.size(-1)});
-    };
-    hidden = by_unit(hidden);
-    angles = by_unit(angles);
-  }
-  auto cos = angles.cos().unsqueeze(1);  // (N, 1, D)
-  auto sin = angles.sin().unsqueeze(1);
-  auto full_cu = frame_cu, window_cu = windows.cu_window_seqlens;
-  // Sequence parallelism: the padding of a count tp does not divide is a segment of its own.
-  const auto chunks =
-      parallel::enter_sequence_parallel(tp, kSequenceDim, hidden, cos, sin, {&full_cu, &window_cu});
-  for (size_t i = 0; i < blocks.size(); ++i) {
-    const bool full =
-        !windowed || std::count(config.fullatt_block_indexes.begin(), config.fullatt_block_indexes.end(),
-                                static_cast<int64_t>(i)) > 0;
-    // Full attention after window reordering: frames stay contiguous because windows never
-    // cross frames and are emitted frame by frame.
-    const auto& cu = full ? full_cu : window_cu;
-    hidden = nn::run_block(block_runner.get(), *blocks[i], hidden,
-                           [&](const at::Tensor& h) { return blocks[i]->forward(h, cu, cos, sin); });
-  }
-  hidden = parallel::leave_sequence_parallel(tp, kSequenceDim, hidden, chunks);
-  auto merged = merger->forward(hidden);  // (N/4, out_width)
-  if (windowed) merged = merged.index_select(0, at::argsort(windows.unit_order));
-  return merged;
 }
 
 }  // namespace loom::models

@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "loom/models/qwen2_vl/config.h"
-#include "loom/nn/block_runner.h"
 #include "loom/nn/norm.h"
 #include "loom/parallel/tensor.h"
 
@@ -83,19 +82,17 @@ WindowIndex vision_window_index(const at::Tensor& grid_thw, const VisionConfig& 
 // cu_seqlens over patches: one segment per frame of each image/video.
 std::vector<int64_t> vision_frame_cu_seqlens(const at::Tensor& grid_thw);
 
+// visual.* in HuggingFace names: patch_embed, blocks, merger. Its forward pass is the model's
+// vision layers (layers.h).
 class VisionTransformer : public torch::nn::Module {
  public:
   VisionTransformer(const VisionConfig& config, const parallel::ParamOptions& options);
-  // pixel_rows (N, C*T*P*P), grid_thw (images, 3) -> merged embeddings (N/4, out_width) in row order.
-  at::Tensor forward(const at::Tensor& pixel_rows, const at::Tensor& grid_thw) const;
   std::shared_ptr<PatchEmbed> patch_embed;
   std::vector<std::shared_ptr<VisionBlock>> blocks;
   std::shared_ptr<PatchMerger> merger;
   VisionConfig config;
   parallel::TensorParallelGroup
       tp;  // the tower's; with sequence_parallel, blocks see one chunk of the patches
-  // Runs each block when set (FSDP and the like); the blocks run directly when null.
-  std::shared_ptr<nn::BlockRunner> block_runner;
 };
 
 }  // namespace loom::models

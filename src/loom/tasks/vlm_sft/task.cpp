@@ -133,11 +133,15 @@ std::vector<data::Batch> VlmSftTask::whole_step(int64_t step) const {
   return micro_batches(step, batching, nullptr);
 }
 
-core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro) {
+core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
+                                        core::Carry input) {
   const data::Batch& batch = static_cast<const VlmMicroBatch&>(micro).batch;
   core::ForwardResult out;
-  auto hidden = model_->hidden_states(model_inputs(batch));
-  out.loss_sum = token_loss_sum(*model_, hidden, batch.labels);
+  core::Carry carry = stage.forward(std::move(input), *model_->context(model_inputs(batch)));
+  if (stage.last)
+    out.loss_sum = token_loss_sum(*model_, carry.get("hidden"), batch.labels);
+  else
+    out.output = std::move(carry);
   out.tokens = batch.attention_mask.sum().item<int64_t>();
   const std::vector<int64_t> lengths = batch.sequence_lengths();
   out.samples = static_cast<int64_t>(lengths.size());
@@ -148,7 +152,6 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro) {
 core::Evaluation VlmSftTask::evaluate() {
   at::NoGradGuard no_grad;
   constexpr int64_t kBatch = 100;
-  const auto& config = model_->config;
   const auto& tokenizer = data_->tokenizer();
   const int64_t im_end = tokenizer.id("<|im_end|>");
   const int64_t pad = padding_id(tokenizer);
@@ -182,11 +185,11 @@ core::Evaluation VlmSftTask::evaluate() {
     // Image embeddings do not change while decoding: compute them once.
     auto image_embeds = model_->image_embeddings(batch.pixel_values, batch.image_grid_thw);
     for (int64_t t = 0; t < max_new_tokens; ++t) {
-      auto embeds = model_->model->embed_tokens->forward(ids);
-      embeds = embeds.masked_scatter((ids == config.tokens.image).unsqueeze(-1),
-                                     image_embeds.to(embeds.scalar_type()));
-      auto positions = models::rope_index(ids, batch.image_grid_thw, mask, config).position_ids;
-      auto hidden = model_->model->forward(embeds, positions);
+      models::VisionLanguageInputs step;
+      step.input_ids = ids;
+      step.attention_mask = mask;
+      step.image_grid_thw = batch.image_grid_thw;
+      auto hidden = model_->hidden_states(step, image_embeds);
       auto last = at::empty({rows}, at::kLong);
       for (int64_t r = 0; r < rows; ++r) last[r] = lengths[r] - 1;
       auto next = model_->whole_logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);

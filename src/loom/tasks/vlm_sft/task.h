@@ -32,7 +32,8 @@ class VlmSftTask : public core::Task {
 
   core::StepData step_data(int64_t step) const override;
   std::string loss_count_name() const override { return "target tokens"; }
-  core::ForwardResult forward(const core::MicroBatch& batch) override;
+  core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
+                              core::Carry input) override;
   // Greedy answers to the held-out prompts (batches dealt round-robin over the data-parallel ranks),
   // exact match against the reference; every rank gets the whole result.
   core::Evaluation evaluate() override;

@@ -1,0 +1,61 @@
+// Qwen2-VL / Qwen2.5-VL as an ordered list of layers (core/layer.h):
+//
+//   visual.patch_embed    pixel rows -> vision_hidden (window order, this rank's chunk under
+//                         sequence parallelism)
+//   visual.blocks.<i>     vision_hidden -> vision_hidden
+//   visual.merger         vision_hidden -> image_embeds (whole, in row order)
+//   model.embed_tokens    input ids, image_embeds scattered into the image tokens -> hidden
+//   model.layers.<i>      hidden -> hidden
+//   model.norm            hidden -> hidden (whole sequences)
+//
+// The LM head is not a layer: the task applies it to the last layer's hidden states, fused into its
+// loss (the vocabulary-parallel cross entropy reads the head's slice directly). The vision layers
+// have work only when the micro-batch has images, the language layers only when it has input ids.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <memory>
+#include <vector>
+
+#include "loom/core/layer.h"
+#include "loom/models/qwen2_vl/config.h"
+#include "loom/parallel/sequence.h"
+
+namespace loom::models {
+
+class VisionTransformer;
+class TextModel;
+struct VisionLanguageInputs;
+
+// What every layer of one micro-batch reads, built once before the first layer.
+struct Qwen2VLContext : core::Context {
+  // Vision tower (pixel_values undefined: no images).
+  at::Tensor pixel_values;                   // (patches, C*T*P*P)
+  at::Tensor vision_cos, vision_sin;         // (patches, 1, head_dim), in window order
+  std::vector<int64_t> frame_cu, window_cu;  // attention segments: per frame, per window
+  at::Tensor unit_order, unit_restore;       // Qwen2.5-VL: merge units into window order and back
+  parallel::SequenceChunks vision_chunks;
+  // Language model (input_ids undefined: only the vision tower runs).
+  at::Tensor input_ids;   // (B, L)
+  at::Tensor image_mask;  // (B, L, 1): the image tokens
+  int64_t image_tokens = 0;
+  at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
+  std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
+  parallel::SequenceChunks text_chunks;
+
+  bool has_images() const { return pixel_values.defined(); }
+  bool has_text() const { return input_ids.defined(); }
+};
+
+// The context of `inputs`: position ids (rope_index unless given), the rotary tables, attention
+// segments, window index and sequence-parallel padding of the vision tower and the LLM.
+std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
+                                                      const Qwen2VLConfig& config,
+                                                      const parallel::TensorParallelGroup& vision_tp,
+                                                      const parallel::TensorParallelGroup& text_tp);
+
+// The layers of a built model, in forward order.
+core::Layers qwen2vl_layers(const std::shared_ptr<VisionTransformer>& visual,
+                            const std::shared_ptr<TextModel>& text, const Qwen2VLConfig& config);
+
+}  // namespace loom::models
