@@ -25,6 +25,7 @@ Command add_bench(CLI::App& loom);    // train.cpp
 Command add_run(CLI::App& loom);      // run.cpp
 Command add_forward(CLI::App& loom);  // forward.cpp
 Command add_shapes(CLI::App& loom);   // shapes.cpp
+Command add_export(CLI::App& loom);   // export.cpp
 // `data` and its subcommands tokenize and export (data.cpp).
 std::vector<Command> add_data(CLI::App& loom);
 

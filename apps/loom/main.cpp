@@ -2,6 +2,7 @@
 // its own file, commands.h), with the one handler that reports any error on one line.
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <CLI/CLI.hpp>
 #include <csignal>
@@ -25,16 +26,29 @@ int main(int argc, char** argv) {
   cli::keep_freed_memory();
   CLI::App app{"Loom: trains multimodal models from one binary"};
   app.require_subcommand(1);
+  app.fallthrough();  // the subcommands, which inherit it, take the app's options too: train x --log-level
+                      // debug
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
 
   std::vector<cli::Command> commands = {cli::add_train(app), cli::add_eval(app),    cli::add_bench(app),
-                                        cli::add_run(app),   cli::add_forward(app), cli::add_shapes(app)};
+                                        cli::add_run(app),   cli::add_forward(app), cli::add_shapes(app),
+                                        cli::add_export(app)};
   for (cli::Command& command : cli::add_data(app)) commands.push_back(std::move(command));
 
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // A word that names no subcommand would otherwise be reported as a missing subcommand.
+    if (app.get_subcommands().empty())
+      for (const std::string& word : app.remaining())
+        if (!word.empty() && word[0] != '-') {
+          std::vector<std::string> names;
+          for (const CLI::App* command : app.get_subcommands({})) names.push_back(command->get_name());
+          fmt::print(stderr, "loom: error: '{}' is not a loom command; the commands are {} (loom --help)\n",
+                     word, fmt::join(names, ", "));
+          return 1;
+        }
     return app.exit(e);
   }
   try {

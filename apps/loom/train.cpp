@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/config/config.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
@@ -91,13 +92,16 @@ Command add_eval(CLI::App& loom) {
   auto arguments = std::make_shared<Arguments>();
   auto* command = loom.add_subcommand("eval", "Evaluate a checkpoint on the job's held-out data");
   command->add_option("config", arguments->job.config_path, kConfigHelp)->required();
-  command->add_option("--checkpoint", arguments->checkpoint_dir, "Checkpoint directory")->required();
+  command
+      ->add_option("--checkpoint", arguments->checkpoint_dir,
+                   "Checkpoint or model directory, or a run directory (its newest checkpoint)")
+      ->required();
   command->add_option("--set", arguments->job.overrides, kOverrideHelp);
   command->add_option("--predictions", arguments->predictions_path,
                       "Write each question, its answer and the model's answer as JSON lines to this file");
   return {command, [arguments] {
             return with_trainer(arguments->job, [&arguments](train::Trainer& trainer, bool main_rank) {
-              trainer.load_weights(arguments->checkpoint_dir);
+              trainer.load_weights(checkpoint::resolve_model_directory(arguments->checkpoint_dir));
               const auto result = trainer.evaluate();
               if (!main_rank) return;
               fmt::print("{}", result.report);

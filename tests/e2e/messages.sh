@@ -83,6 +83,27 @@ m = re.search(r"eval: exact-match accuracy ([0-9.]+)% on 6 held-out questions", 
 assert m and float(m.group(1)) == 100.0, (m and m.group(0), log[-1500:])
 PY
 [ -f "$WORK/run/step-00000150/chatml_bpe_tokenizer.json" ] || fail "the checkpoint lacks the tokenizer"
+# The checkpoint's chat template (tokenizer_config.json), rendered by Jinja2, is the text whose
+# tokens Loom's own chat template gives, system prompt and generation prompt included; an image
+# placeholder becomes the vision tokens; max_pixels is the processor's.
+cat > "$WORK/chat.json" <<'JSON'
+[{"role": "user", "content": "Hello there"}, {"role": "assistant", "content": "Hi!"}, {"role": "user", "content": "Bye"}]
+JSON
+"$LOOM" data tokenize --tokenizer "$FIX/chatml_bpe_tokenizer.json" --chat --add-generation-prompt \
+  < "$WORK/chat.json" > "$WORK/chat_ids.json"
+/usr/bin/python3 - "$WORK/run/step-00000150" "$WORK/chat.json" > "$WORK/rendered.txt" <<'PY'
+import json, sys
+import jinja2
+ck, chat = sys.argv[1:]
+template = jinja2.Template(json.load(open(f"{ck}/tokenizer_config.json"))["chat_template"])
+assert json.load(open(f"{ck}/preprocessor_config.json"))["max_pixels"] == 3136
+image = template.render(messages=[{"role": "system", "content": "S"}, {"role": "user", "content": "<image>Red?"}])
+assert image == "<|im_start|>system\nS<|im_end|>\n<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|>Red?<|im_end|>\n", image
+sys.stdout.write(template.render(messages=json.load(open(chat)), add_generation_prompt=True))
+PY
+"$LOOM" data tokenize --tokenizer "$FIX/chatml_bpe_tokenizer.json" < "$WORK/rendered.txt" > "$WORK/rendered_ids.json"
+cmp -s "$WORK/chat_ids.json" "$WORK/rendered_ids.json" ||
+  fail "the saved chat template renders other tokens: $(cat "$WORK/rendered_ids.json") vs $(cat "$WORK/chat_ids.json")"
 "$LOOM" eval "$WORK/job.yaml" --checkpoint "$WORK/run/step-00000150" --predictions "$WORK/predictions.jsonl" \
   > "$WORK/eval.log" 2>&1 || { cat "$WORK/eval.log"; fail eval; }
 python3 - "$WORK/predictions.jsonl" <<'PY'

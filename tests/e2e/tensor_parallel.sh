@@ -33,6 +33,10 @@ parallel_run tp2_sp_kv1 2 --set parallel.tp=2 --set parallel.sequence_parallel=t
   --set model.hf_config.num_key_value_heads=1
 grep -q "^\[rank 0\] .*tensor parallelism (tp=2, sequence parallel): this rank holds" "$WORK/tp2_sp.log" ||
   { cat "$WORK/tp2_sp.log"; fail "no tensor-parallel memory report"; }
+# The parameter count is the model's, not one rank's slices.
+count=$(grep -o "training [0-9]* parameters ([0-9]* trainable)" "$WORK/one.log")
+[ -n "$count" ] || { cat "$WORK/one.log"; fail "no parameter count"; }
+grep -q "\[rank 0\] .*$count" "$WORK/tp4_kv_replicated.log" || { cat "$WORK/tp4_kv_replicated.log"; fail "tp=4 counts other than '$count'"; }
 # Resumes across layouts: the tp=2 checkpoint of step 10 at tp=1, the tp=1 one at tp=2 + SP.
 mkdir -p "$WORK/resumed_tp1" "$WORK/resumed_tp2_sp"
 cp -r "$WORK/tp2/step-00000010" "$WORK/resumed_tp1/"
@@ -97,8 +101,10 @@ PY
 # loom forward: a tp=2 checkpoint at tp=1 and at tp=2 (same logits), HuggingFace's tiny model at tp=2.
 FIX="$SRC/tests/fixtures/hf-qwen2-vl-tiny"
 cp "$FIX/image.png" "$WORK/image.png"
-# The shapes vocabulary: <|vision_start|> 3, <|image_pad|> 5, <|vision_end|> 4; the 56x84 image is 6 tokens.
-echo '{"input_ids": [[1, 3, 5, 5, 5, 5, 5, 5, 4, 9, 12, 17, 2]], "images": ["image.png"]}' > "$WORK/input.json"
+# The shapes vocabulary: <|vision_start|> 3, <|image_pad|> 5, <|vision_end|> 4. The checkpoint's
+# preprocessor_config.json holds the job's pixel bounds (56x56 = 3136 pixels at most), within which
+# the 56x84 image is processed at 28x56: 2 tokens.
+echo '{"input_ids": [[1, 3, 5, 5, 4, 9, 12, 17, 2]], "images": ["image.png"]}' > "$WORK/input.json"
 python3 - "$FIX/input.json" "$WORK/hf_input.json" <<'PY'
 import json, os, sys
 src = json.load(open(sys.argv[1]))

@@ -196,6 +196,14 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
   return all.back();
 }
 
+std::string resolve_model_directory(const std::string& path) {
+  if (fs::is_regular_file(fs::path(path) / "config.json")) return path;
+  if (auto newest = latest_checkpoint(path)) return *newest;
+  throw CheckpointError(fmt::format(
+      "{}: neither a model or checkpoint directory (no config.json) nor a run directory with checkpoints",
+      path));
+}
+
 void prune_checkpoints(const std::string& root, int keep_last) {
   std::error_code error;
   if (!fs::is_directory(root, error)) return;

@@ -41,6 +41,9 @@ int64_t checkpoint_step(const std::string& dir);
 // leftovers, files and other names are ignored. A missing root has none.
 std::vector<std::string> list_checkpoints(const std::string& root);
 std::optional<std::string> latest_checkpoint(const std::string& root);
+// `path` itself when it holds a config.json (a checkpoint or model directory), else the newest
+// checkpoint of the run directory `path`; CheckpointError when it is neither.
+std::string resolve_model_directory(const std::string& path);
 // Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all) and the `.tmp-*`
 // directories other processes left behind; entries of any other name are left alone.
 void prune_checkpoints(const std::string& root, int keep_last);

@@ -291,6 +291,13 @@ class KeyReader {
 template <class S>
 void check_rules(const SectionReader&, const S&) {}
 
+void check_rules(const SectionReader& r, const ModelSection& m) {
+  if (m.hf_config_path.empty() && m.hf_config.is_null() && m.init_from.empty())
+    r.missing("hf_config",
+              "a path to a HF config.json, a published model's name such as qwen2-vl-2b, or its fields as an "
+              "inline mapping; it may be left out when model.init_from names a model directory");
+}
+
 void check_rules(const SectionReader& r, const DataSection& d) {
   using S = DataSection;
   if (d.max_pixels < d.min_pixels)

@@ -17,9 +17,11 @@ namespace loom::config {
 
 struct ModelSection {
   std::string family;               // required: qwen2_vl | qwen2_5_vl
-  std::string hf_config_path;       // model.hf_config given as a string: path to a HF config.json
+  std::string hf_config_path;       // model.hf_config given as a string: path to a HF config.json, or a
+                                    // published model's name (qwen2-vl-2b, as loom shapes lists them)
   nlohmann::json hf_config;         // model.hf_config given inline as a YAML mapping, converted to JSON;
-                                    // exactly one of hf_config_path / hf_config is set
+                                    // at most one of hf_config_path / hf_config is set; neither: the
+                                    // config.json of init_from
   std::string init_from;            // "" or a model directory (HF-style config.json + safetensors)
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
 
@@ -28,11 +30,12 @@ struct ModelSection {
     using namespace key;
     using S = ModelSection;
     k("family", &S::family, required(), one_of({"qwen2_vl", "qwen2_5_vl"}));
+    // Required unless init_from names a model directory (check_rules).
     k("hf_config",
-      path_or_mapping(&S::hf_config_path, &S::hf_config,
-                      "a path to a HF config.json or an inline mapping of its fields"),
-      required("a path to a HF config.json, or its fields as an inline mapping"),
-      not_empty("a path to a HF config.json, or an inline mapping"));
+      path_or_mapping(
+          &S::hf_config_path, &S::hf_config,
+          "a path to a HF config.json, a published model's name or an inline mapping of its fields"),
+      not_empty("a path to a HF config.json, a published model's name, or an inline mapping"));
     k("init_from", &S::init_from);
     k("freeze", &S::freeze, no_empty_entry("module prefix"));
   }

@@ -94,8 +94,9 @@ class KeyWriter {
   void operator()(const char* name, const key::PathOrMapping<S>& field, const A&...) {
     const std::string& path = section_.*(field.path);
     const nlohmann::json& mapping = section_.*(field.mapping);
+    if (path.empty() && mapping.is_null()) return;  // neither given: left out, as it was
     begin(name);
-    if (!path.empty() || mapping.is_null()) {
+    if (!path.empty()) {
       out_ += " " + yaml_string(path) + "\n";
     } else if (mapping.is_object() && !mapping.empty()) {
       out_ += "\n";

@@ -1,5 +1,8 @@
 #include "loom/models/registry.h"
 
+#include <fmt/ranges.h>
+
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -43,14 +46,29 @@ std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
 }
 
 Qwen2VLConfig job_model_config(const config::JobConfig& job) {
-  if (!job.model.hf_config_path.empty()) {
-    if (!std::filesystem::is_regular_file(job.model.hf_config_path))
+  const auto& m = job.model;
+  if (m.hf_config_path.empty() && m.hf_config.is_null()) {  // the config of init_from
+    if (!std::filesystem::is_regular_file(m.init_from + "/config.json"))
       throw ConfigError(
-          fmt::format("model.hf_config: '{}' is not a file (give a config.json path or inline fields)",
-                      job.model.hf_config_path));
-    return model_config_from_file(job.model.hf_config_path, job.model.family);
+          fmt::format("model.init_from: '{}' has no config.json to take the model's config from (or give "
+                      "model.hf_config)",
+                      m.init_from));
+    return model_config_from_dir(m.init_from, m.family);
   }
-  return model_config_from_json(job.model.family, job.model.hf_config, job.source + ": model.hf_config");
+  if (!m.hf_config_path.empty()) {
+    const auto published = published_config_names();
+    if (!std::filesystem::exists(m.hf_config_path) &&
+        std::find(published.begin(), published.end(), m.hf_config_path) != published.end())
+      return model_config_from_json(m.family, published_hf_config(m.hf_config_path),
+                                    job.source + ": model.hf_config " + m.hf_config_path);
+    if (!std::filesystem::is_regular_file(m.hf_config_path))
+      throw ConfigError(fmt::format(
+          "model.hf_config: '{}' is not a file (give a config.json path, inline fields or a published "
+          "model: {})",
+          m.hf_config_path, fmt::join(published, ", ")));
+    return model_config_from_file(m.hf_config_path, m.family);
+  }
+  return model_config_from_json(m.family, m.hf_config, job.source + ": model.hf_config");
 }
 
 void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size) {

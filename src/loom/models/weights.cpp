@@ -1,6 +1,7 @@
 #include "loom/models/weights.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <spdlog/spdlog.h>
 
 #include <filesystem>
 #include <set>
@@ -41,9 +42,18 @@ std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn
   return out;
 }
 
-int64_t parameter_count(const torch::nn::Module& module) {
+int64_t parameter_count(const torch::nn::Module& module, bool trainable_only) {
+  const auto layouts = parallel::shard_layouts(module);
   int64_t total = 0;
-  for (const auto& p : module.parameters()) total += p.numel();
+  for (const auto& [name, param] : named_parameters(module)) {
+    if (trainable_only && !param.requires_grad()) continue;
+    const auto it = layouts.find(name);
+    const std::vector<int64_t> whole =
+        it == layouts.end() ? param.sizes().vec() : it->second.whole_shape(param.sizes());
+    int64_t count = 1;
+    for (int64_t d : whole) count *= d;
+    total += count;
+  }
   return total;
 }
 
@@ -102,6 +112,7 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
   if (!unused.empty())
     throw CheckpointError(fmt::format("{}: tensor '{}' does not belong to this model ({} unexpected tensors)",
                                       model_dir, *unused.begin(), unused.size()));
+  spdlog::info("loaded {} tensors from {}", named_parameters(module).size(), model_dir);
 }
 
 }  // namespace loom::models

@@ -28,8 +28,10 @@ std::vector<std::pair<std::string, at::Tensor>> named_parameters(const torch::nn
 // holds it: a collective that every rank of each tensor-parallel group calls.
 std::vector<std::pair<std::string, at::Tensor>> whole_named_parameters(const torch::nn::Module& module);
 
-// Total number of elements over all parameters (works on shapes-only models).
-int64_t parameter_count(const torch::nn::Module& module);
+// Total number of elements over all parameters (those that train, when `trainable_only`), each
+// counted whole: a tensor-parallel slice counts as the parameter it is a slice of, so every rank
+// reports the model's count (works on shapes-only models).
+int64_t parameter_count(const torch::nn::Module& module, bool trainable_only = false);
 
 // A stable 64-bit seed derived from a base seed and a purpose string (FNV-1a).
 uint64_t derive_seed(uint64_t seed, const std::string& purpose);

@@ -199,13 +199,11 @@ std::optional<core::Evaluation> Trainer::train() {
     checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
     metrics.emplace(t.output_dir, step_);
   }
-  int64_t trainable = 0;
-  for (const auto& p : trainable_) trainable += p.numel();
   spdlog::info(
       "training {} parameters ({} trainable) for {} steps, global batch {} = {} data-parallel ranks x {} "
       "x {} micro-batches",
-      models::parameter_count(parts_.model->module()), trainable, t.steps, t.global_batch_size,
-      parts_.layout.data_parallel, accumulation_, t.micro_batch_size);
+      models::parameter_count(parts_.model->module()), models::parameter_count(parts_.model->module(), true),
+      t.steps, t.global_batch_size, parts_.layout.data_parallel, accumulation_, t.micro_batch_size);
 
   // One loader item is one step's micro-batches on this rank, so the data position is the step.
   const core::Task& task = *parts_.task;

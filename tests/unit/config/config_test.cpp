@@ -364,8 +364,8 @@ TEST(ParseConfigErrors, MissingRequiredKeys) {
 TEST(ParseConfigErrors, ModelShapes) {
   EXPECT_EQ(
       parse_error("model: {family: qwen2_vl, hf_config: [a]}\ntraining: {steps: 1}\n"),
-      "job.yaml: model.hf_config: expected a path to a HF config.json or an inline mapping of its fields, "
-      "got a sequence");
+      "job.yaml: model.hf_config: expected a path to a HF config.json, a published model's name or an inline "
+      "mapping of its fields, got a sequence");
   EXPECT_EQ(parse_error("model: {family: qwen2_vl, hf_config: {}}\ntraining: {steps: 1}\n"),
             "job.yaml: model.hf_config: the inline mapping is empty");
   EXPECT_THAT(parse_error("model: {family: qwen2_vl, hf_config: ''}\ntraining: {steps: 1}\n"),

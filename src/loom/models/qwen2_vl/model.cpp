@@ -4,6 +4,7 @@
 
 #include <algorithm>
 
+#include "loom/checkpoint/hf_export.h"
 #include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
 
@@ -179,6 +180,12 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
     }
   }
   return 3.0 * flops;
+}
+
+nlohmann::json Qwen2VLForConditionalGeneration::hf_config() const {
+  nlohmann::json hf = to_hf_config(config);
+  hf["torch_dtype"] = checkpoint::hf_torch_dtype(lm_head_weight().scalar_type());
+  return hf;
 }
 
 std::vector<std::string> Qwen2VLForConditionalGeneration::freeze_examples() const {

@@ -74,7 +74,8 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   // core::Model: the layers are those of layers.h.
   torch::nn::Module& module() override { return *this; }
   core::Layers layers() const override { return layers_; }
-  nlohmann::json hf_config() const override { return to_hf_config(config); }
+  // config.json, its torch_dtype the dtype the weights are held in.
+  nlohmann::json hf_config() const override;
   std::vector<std::string> freeze_examples() const override;
 
   std::shared_ptr<VisionTransformer> visual;

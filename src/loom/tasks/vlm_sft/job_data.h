@@ -26,11 +26,21 @@ class JobData {
   virtual const data::Tokenizer& tokenizer() const = 0;
   // Puts the tokenizer into a checkpoint directory, in a form load_tokenizer reads back.
   virtual void save_tokenizer(const std::string& dir) const = 0;
+  // Whether that file is a tokenizer.json (not a SentencePiece model).
+  virtual bool tokenizer_json() const = 0;
+  // The image processor settings the samples are made with.
+  virtual const data::Qwen2VLImageOptions& image_options() const = 0;
+  // The chat template (Jinja, as tokenizer_config.json carries it) that renders a conversation as
+  // the samples are.
+  virtual std::string chat_template() const = 0;
   // Safe to call from several threads at once.
   virtual TrainSamples train_examples(int64_t begin, int64_t end) const = 0;
   // Held-out samples [begin, end) as generation prompts: answers, questions and question types
   // kept for scoring. eval_samples() may be 0: nothing held out.
   virtual data::Batch eval_prompts(int64_t begin, int64_t end) const = 0;
+  // The same samples as training rows (the prompt and the labelled answer), one per row, for the
+  // held-out loss; question types kept.
+  virtual data::Batch eval_examples(int64_t begin, int64_t end) const = 0;
   virtual int64_t eval_samples() const = 0;
 };
 

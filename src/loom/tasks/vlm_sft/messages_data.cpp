@@ -6,6 +6,7 @@
 #include <set>
 #include <utility>
 
+#include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -89,7 +90,10 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     data::SkipLog problems;
     auto samples = data::read_conversations(spec_of(file), problems);
     throw_if_unusable(problems);
-    for (const data::Conversation& conversation : samples) held_out_prompt(conversation);
+    for (const data::Conversation& conversation : samples) {
+      held_out_prompt(conversation);
+      held_out_example(conversation);
+    }
     eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
                  std::make_move_iterator(samples.end()));
   }
@@ -122,6 +126,12 @@ void MessagesData::save_tokenizer(const std::string& dir) const {
                                 error.message()));
 }
 
+bool MessagesData::tokenizer_json() const { return fs::path(tokenizer_path_).extension() == ".json"; }
+
+std::string MessagesData::chat_template() const {
+  return qwen2vl_chat_template(template_->options().default_system);
+}
+
 TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
   TrainSamples out;
   for (int64_t i = begin; i < end; ++i) {
@@ -149,6 +159,25 @@ data::TokenizedExample MessagesData::held_out_prompt(const data::Conversation& c
         fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",
                     conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
   return ex;
+}
+
+data::TokenizedExample MessagesData::held_out_example(const data::Conversation& conversation) const {
+  data::SkipLog problems;
+  auto built = template_->build(conversation, problems);
+  if (!built) throw_if_unusable(problems);
+  data::TokenizedExample ex = to_example(*built, conversation);
+  if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
+    throw DataError(
+        fmt::format("held-out sample {} of {} has {} tokens with its replies, more than data.max_seq_len {}",
+                    conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
+  return ex;
+}
+
+data::Batch MessagesData::eval_examples(int64_t begin, int64_t end) const {
+  std::vector<data::TokenizedExample> examples;
+  for (int64_t i = begin; i < end; ++i)
+    examples.push_back(held_out_example(eval_.at(static_cast<size_t>(i))));
+  return data::collate(examples, pad_id_);
 }
 
 data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {

@@ -25,16 +25,22 @@ class MessagesData : public JobData {
   const data::Tokenizer& tokenizer() const override { return *tokenizer_; }
   // Copies the tokenizer file into the directory under its own name.
   void save_tokenizer(const std::string& dir) const override;
+  bool tokenizer_json() const override;
+  const data::Qwen2VLImageOptions& image_options() const override { return template_->options().image; }
+  std::string chat_template() const override;
   // Skipped samples (missing or corrupt images) are left out and counted in `skipped`.
   TrainSamples train_examples(int64_t begin, int64_t end) const override;
   // The question is the last user message and the question type the sample's file name, so
   // accuracy is reported per held-out file. DataError naming the sample for an unusable one.
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
+  data::Batch eval_examples(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
 
  private:
   // One held-out conversation as a generation prompt; DataError naming it when it cannot be one.
   data::TokenizedExample held_out_prompt(const data::Conversation& conversation) const;
+  // The same as a training row with its labelled replies; DataError naming it when it cannot be one.
+  data::TokenizedExample held_out_example(const data::Conversation& conversation) const;
   // DataError for the first problem recorded, if any.
   static void throw_if_unusable(const data::SkipLog& problems);
 

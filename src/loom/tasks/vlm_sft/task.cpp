@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <map>
 
@@ -16,6 +17,7 @@
 #include "loom/nn/fused.h"
 #include "loom/parallel/cross_entropy.h"
 #include "loom/tasks/registry.h"
+#include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -84,6 +86,7 @@ VlmSftTask::VlmSftTask(const config::JobConfig& job,
                        std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
                        const core::Layout& layout)
     : data_section_(job.data),
+      init_from_(job.model.init_from),
       global_batch_(job.training.global_batch_size),
       micro_batch_(job.training.micro_batch_size),
       model_(std::move(model)),
@@ -111,6 +114,23 @@ std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::Mic
     counts->skipped = samples.skipped;
   }
   return data::rank_micro_batches(std::move(samples.examples), batching);
+}
+
+void VlmSftTask::save_artifacts(const std::string& dir) const {
+  data_->save_tokenizer(dir);
+  const auto write = [&dir](const std::string& name, const nlohmann::ordered_json& json) {
+    checkpoint::write_text_file_durable(dir + "/" + name, json.dump(2) + "\n");
+  };
+  write("preprocessor_config.json", preprocessor_config(data_->image_options()));
+  const std::string chat_template = data_->chat_template();
+  write("tokenizer_config.json", tokenizer_config(data_->tokenizer(), data_->tokenizer_json(), chat_template,
+                                                  model_->config.text.max_position_embeddings));
+  write("chat_template.json", {{"chat_template", chat_template}});
+  const std::filesystem::path given = std::filesystem::path(init_from_) / "generation_config.json";
+  if (!init_from_.empty() && std::filesystem::is_regular_file(given))
+    std::filesystem::copy_file(given, dir + "/generation_config.json");
+  else
+    write("generation_config.json", generation_config(data_->tokenizer(), model_->config));
 }
 
 core::StepData VlmSftTask::step_data(int64_t step) const {
@@ -147,6 +167,37 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
   out.samples = static_cast<int64_t>(lengths.size());
   out.flops = model_->training_flops(lengths, batch.image_grid_thw);
   return out;
+}
+
+std::map<std::string, std::pair<double, int64_t>> VlmSftTask::held_out_loss() const {
+  constexpr int64_t kBatch = 100;
+  std::map<std::string, std::pair<double, int64_t>> sums;
+  const auto& data_comm = layout_.data;
+  const int64_t ranks = data_comm ? data_comm->size() : 1, rank = layout_.data_rank();
+  for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
+    if (index % ranks != rank) continue;
+    const data::Batch batch = data_->eval_examples(begin, std::min(begin + kBatch, data_->eval_samples()));
+    const at::Tensor hidden = model_->hidden_states(model_inputs(batch));
+    for (int64_t r = 0; r < batch.input_ids.size(0); ++r) {
+      const at::Tensor labels = batch.labels.narrow(0, r, 1);
+      auto& [sum, count] = sums[batch.question_types[static_cast<size_t>(r)]];
+      sum += token_loss_sum(*model_, hidden.narrow(0, r, 1), labels).item<double>();
+      count += labels.narrow(1, 1, labels.size(1) - 1).ne(data::kIgnoreIndex).sum().item<int64_t>();
+    }
+  }
+  if (!data_comm) return sums;
+  nlohmann::json mine = nlohmann::json::array();
+  for (const auto& [type, entry] : sums)
+    // As text, so a diverged (non-finite) loss survives the JSON.
+    mine.push_back({{"type", type}, {"sum", fmt::format("{:.17g}", entry.first)}, {"count", entry.second}});
+  sums.clear();
+  for (const std::string& text : data_comm->all_gather(mine.dump()))
+    for (const auto& row : nlohmann::json::parse(text)) {
+      auto& entry = sums[row.at("type").get<std::string>()];
+      entry.first += std::stod(row.at("sum").get<std::string>());
+      entry.second += row.at("count").get<int64_t>();
+    }
+  return sums;
 }
 
 core::Evaluation VlmSftTask::evaluate() {
@@ -265,6 +316,28 @@ core::Evaluation VlmSftTask::evaluate() {
   }
   result.summary = fmt::format("eval accuracy {:.2f}% on {} held-out questions ({})", 100 * accuracy,
                                result.samples, by_type);
+  // The held-out loss, as training computes its loss, and its perplexity.
+  double loss_sum = 0;
+  int64_t tokens = 0;
+  std::string loss_by_type;
+  const auto losses = held_out_loss();
+  for (const auto& [type, entry] : losses) {
+    loss_sum += entry.first;
+    tokens += entry.second;
+  }
+  const double loss = tokens > 0 ? loss_sum / static_cast<double>(tokens) : 0.0;
+  result.metrics.emplace_back("eval_loss", loss);
+  result.metrics.emplace_back("eval_perplexity", std::exp(loss));
+  result.report += fmt::format("eval: held-out loss {:.4f} (perplexity {:.3f}) over {} answer tokens\n", loss,
+                               std::exp(loss), tokens);
+  for (const auto& [type, entry] : losses) {
+    const double type_loss = entry.second > 0 ? entry.first / static_cast<double>(entry.second) : 0.0;
+    result.metrics.emplace_back("eval_loss_" + type, type_loss);
+    result.metrics.emplace_back("eval_perplexity_" + type, std::exp(type_loss));
+    result.report += fmt::format("  {:<10} loss {:.4f}  perplexity {:.3f}  ({} tokens)\n", type, type_loss,
+                                 std::exp(type_loss), entry.second);
+  }
+  result.summary += fmt::format(", loss {:.4f}", loss);
   return result;
 }
 

@@ -1,10 +1,12 @@
 // Supervised fine-tuning of a vision-language model (task: vlm_sft): conversations through the
 // chat template, the loss the mean next-token cross-entropy over every target token of the global
-// batch, evaluation by greedy answers scored by exact match (overall and per question type), and
-// the tokenizer carried in every checkpoint.
+// batch, evaluation by greedy answers scored by exact match and by the held-out loss and perplexity
+// (overall and per question type), and the tokenizer and HF files carried in every checkpoint.
 #pragma once
+#include <map>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
@@ -37,18 +39,23 @@ class VlmSftTask : public core::Task {
   // Greedy answers to the held-out prompts (batches dealt round-robin over the data-parallel ranks),
   // exact match against the reference; every rank gets the whole result.
   core::Evaluation evaluate() override;
-  // The tokenizer, in the form the data section reads back.
-  void save_artifacts(const std::string& dir) const override { data_->save_tokenizer(dir); }
+  // The tokenizer, in the form the data section reads back, and the files transformers reads beside
+  // the weights (hf_files.h); generation_config.json is init_from's when it has one.
+  void save_artifacts(const std::string& dir) const override;
 
   // Step `step`'s micro-batches for one process holding the whole global batch.
   std::vector<data::Batch> whole_step(int64_t step) const;
 
  private:
+  // The held-out loss by question type: the sum of the answer tokens' cross-entropy and their count
+  // (the training loss's formula), over every rank's share of the held-out set (a collective).
+  std::map<std::string, std::pair<double, int64_t>> held_out_loss() const;
   // This rank's micro-batches of a step, with its sample counts.
   std::vector<data::Batch> micro_batches(int64_t step, const data::MicroBatching& batching,
                                          core::StepData* counts) const;
 
   config::DataSection data_section_;
+  std::string init_from_;
   int64_t global_batch_ = 0, micro_batch_ = 0;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   core::Layout layout_;  // the data-parallel group shares out the steps and the held-out set

@@ -2,6 +2,7 @@
 
 #include "loom/data/fashion_vqa.h"
 #include "loom/data/synth/shapes_vqa.h"
+#include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
@@ -101,10 +102,19 @@ TrainSamples VqaData::train_examples(int64_t begin, int64_t end) const {
 
 void VqaData::save_tokenizer(const std::string& dir) const { tokenizer_.save(dir + "/tokenizer.json"); }
 
+std::string VqaData::chat_template() const { return vqa_chat_template(); }
+
 data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
   for (int64_t i = begin; i < end; ++i)
     examples.push_back(example(data::Split::eval, i, /*with_answer=*/false));
+  return data::collate(examples, padding_id(tokenizer_));
+}
+
+data::Batch VqaData::eval_examples(int64_t begin, int64_t end) const {
+  std::vector<data::TokenizedExample> examples;
+  for (int64_t i = begin; i < end; ++i)
+    examples.push_back(example(data::Split::eval, i, /*with_answer=*/true));
   return data::collate(examples, padding_id(tokenizer_));
 }
 

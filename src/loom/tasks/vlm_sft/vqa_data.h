@@ -22,11 +22,15 @@ class VqaData : public JobData {
 
   const data::WordTokenizer& tokenizer() const override { return tokenizer_; }
   void save_tokenizer(const std::string& dir) const override;
+  bool tokenizer_json() const override { return true; }
+  const data::Qwen2VLImageOptions& image_options() const override { return image_options_; }
+  std::string chat_template() const override;
   const std::vector<std::string>& question_types() const { return question_types_; }
 
   // A finite training split is walked in a fresh seeded order every epoch.
   TrainSamples train_examples(int64_t begin, int64_t end) const override;
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
+  data::Batch eval_examples(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
 
   // The raw sample at `index`: for training, the index-th of the run (epochs walk the split in
