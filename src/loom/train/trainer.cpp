@@ -197,7 +197,11 @@ std::optional<core::Evaluation> Trainer::train() {
   std::optional<MetricsLog> metrics;
   if (main) {
     checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
-    metrics.emplace(t.output_dir, step_);
+    std::optional<fs::path> tensorboard_dir;
+    if (job_.tools.tensorboard) tensorboard_dir = fs::path(t.output_dir) / "tensorboard";
+    metrics.emplace(t.output_dir, step_, tensorboard_dir);
+    if (const auto events = metrics->tensorboard_path())
+      spdlog::info("TensorBoard events: {}", events->string());
   }
   int64_t trainable = 0;
   for (const auto& p : trainable_) trainable += p.numel();
