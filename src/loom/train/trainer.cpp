@@ -14,6 +14,7 @@
 #include "loom/tasks/registry.h"
 #include "loom/train/flops.h"
 #include "loom/train/forward_backward.h"
+#include "loom/train/loss_plot.h"
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
 #include "loom/util/errors.h"
@@ -203,6 +204,12 @@ std::optional<core::Evaluation> Trainer::train() {
     if (const auto events = metrics->tensorboard_path())
       spdlog::info("TensorBoard events: {}", events->string());
   }
+  // At the end of every run, rank 0 draws the loss curve from the whole metrics.jsonl.
+  auto plot_losses = [&] {
+    const fs::path png = fs::path(t.output_dir) / "loss.png";
+    if (metrics && write_loss_plot(metrics->path(), png))
+      spdlog::info("wrote the loss curve to {}", png.string());
+  };
   int64_t trainable = 0;
   for (const auto& p : trainable_) trainable += p.numel();
   spdlog::info(
@@ -287,6 +294,7 @@ std::optional<core::Evaluation> Trainer::train() {
     }
     if (exiting) {
       spdlog::info("step {}: exit_interval {} reached; resume with the same command", step_, t.exit_interval);
+      plot_losses();
       return std::nullopt;
     }
   }
@@ -294,6 +302,7 @@ std::optional<core::Evaluation> Trainer::train() {
   log_loader_share();
   auto result = evaluate();
   log_eval(result, metrics ? &*metrics : nullptr);
+  plot_losses();
   return result;
 }
 
