@@ -223,6 +223,9 @@ struct ToolsSection {
   // > 0: after this step's backward, rank 0 writes every trainable parameter's gradient, summed
   // over the ranks and whole (before clipping), to <output_dir>/gradients/step-NNNNNNNN.safetensors.
   int64_t dump_gradients = 0;
+  // Rank 0 also writes every metrics.jsonl record as TensorBoard scalars, one event file per run
+  // under <output_dir>/tensorboard/.
+  bool tensorboard = false;
 
   template <class Keys>
   static void keys(Keys& k) {
@@ -232,6 +235,7 @@ struct ToolsSection {
     k("log_level", &S::log_level, one_of({"trace", "debug", "info", "warn", "error"}));
     k("progress_bar", &S::progress_bar);
     k("dump_gradients", &S::dump_gradients, at_least(0));
+    k("tensorboard", &S::tensorboard);
   }
 };
 

@@ -50,7 +50,8 @@ bool ends_without_newline(const fs::path& path) {
 
 }  // namespace
 
-MetricsLog::MetricsLog(const fs::path& output_dir, std::optional<int64_t> resume_step)
+MetricsLog::MetricsLog(const fs::path& output_dir, std::optional<int64_t> resume_step,
+                       const std::optional<fs::path>& tensorboard_dir)
     : path_(output_dir / "metrics.jsonl") {
   std::error_code ec;
   fs::create_directories(output_dir, ec);
@@ -62,12 +63,19 @@ MetricsLog::MetricsLog(const fs::path& output_dir, std::optional<int64_t> resume
   out_.open(path_, std::ios::app);
   if (!out_) throw ConfigError(fmt::format("metrics log: cannot open {} for appending", path_.string()));
   if (needs_newline) out_ << '\n';  // end a line cut short, so the next record starts on its own line
+  if (tensorboard_dir) tensorboard_.emplace(*tensorboard_dir);
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
   out_ << record.dump() << '\n';
   out_.flush();
   if (!out_) throw ConfigError(fmt::format("metrics log: write to {} failed", path_.string()));
+  if (tensorboard_) tensorboard_->write(record);
+}
+
+std::optional<fs::path> MetricsLog::tensorboard_path() const {
+  if (!tensorboard_) return std::nullopt;
+  return tensorboard_->path();
 }
 
 std::string format_duration(double seconds) {

@@ -1,5 +1,5 @@
-// Training metrics: a JSON-lines log (<output_dir>/metrics.jsonl) that survives resumes, and the
-// one-line console progress bar.
+// Training metrics: a JSON-lines log (<output_dir>/metrics.jsonl) that survives resumes, optionally
+// mirrored to a TensorBoard event file, and the one-line console progress bar.
 #pragma once
 #include <cstdint>
 #include <cstdio>
@@ -9,24 +9,31 @@
 #include <optional>
 #include <string>
 
+#include "loom/train/tensorboard.h"
+
 namespace loom::train {
 
 class MetricsLog {
  public:
   // Opens <output_dir>/metrics.jsonl for appending (creating the folder). With `resume_step`, the
   // file is first rewritten keeping only lines whose "step" is <= resume_step (and lines without a
-  // "step"), so steps re-run after a resume are not logged twice.
+  // "step"), so steps re-run after a resume are not logged twice. With `tensorboard_dir`, every
+  // record also goes to a new TensorBoard event file in that folder (TensorBoardWriter).
   explicit MetricsLog(const std::filesystem::path& output_dir,
-                      std::optional<int64_t> resume_step = std::nullopt);
+                      std::optional<int64_t> resume_step = std::nullopt,
+                      const std::optional<std::filesystem::path>& tensorboard_dir = std::nullopt);
 
-  // Appends `record` (a JSON object) as one line and flushes it.
+  // Appends `record` (a JSON object) as one line and flushes it, and writes it to the event file.
   void write(const nlohmann::json& record);
 
   const std::filesystem::path& path() const { return path_; }
+  // The event file, when there is one.
+  std::optional<std::filesystem::path> tensorboard_path() const;
 
  private:
   std::filesystem::path path_;
   std::ofstream out_;
+  std::optional<TensorBoardWriter> tensorboard_;
 };
 
 // "03:21" under an hour, "1:02:03" from an hour on, "--:--" when unknown (negative or not finite).

@@ -14,6 +14,7 @@
 #include "loom/tasks/registry.h"
 #include "loom/train/flops.h"
 #include "loom/train/forward_backward.h"
+#include "loom/train/loss_plot.h"
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
 #include "loom/util/errors.h"
@@ -197,8 +198,18 @@ std::optional<core::Evaluation> Trainer::train() {
   std::optional<MetricsLog> metrics;
   if (main) {
     checkpoint::write_text_file_durable(t.output_dir + "/job.yaml", config::to_yaml(job_));
-    metrics.emplace(t.output_dir, step_);
+    std::optional<fs::path> tensorboard_dir;
+    if (job_.tools.tensorboard) tensorboard_dir = fs::path(t.output_dir) / "tensorboard";
+    metrics.emplace(t.output_dir, step_, tensorboard_dir);
+    if (const auto events = metrics->tensorboard_path())
+      spdlog::info("TensorBoard events: {}", events->string());
   }
+  // At the end of every run, rank 0 draws the loss curve from the whole metrics.jsonl.
+  auto plot_losses = [&] {
+    const fs::path png = fs::path(t.output_dir) / "loss.png";
+    if (metrics && write_loss_plot(metrics->path(), png))
+      spdlog::info("wrote the loss curve to {}", png.string());
+  };
   spdlog::info(
       "training {} parameters ({} trainable) for {} steps, global batch {} = {} data-parallel ranks x {} "
       "x {} micro-batches",
@@ -281,6 +292,7 @@ std::optional<core::Evaluation> Trainer::train() {
     }
     if (exiting) {
       spdlog::info("step {}: exit_interval {} reached; resume with the same command", step_, t.exit_interval);
+      plot_losses();
       return std::nullopt;
     }
   }
@@ -288,6 +300,7 @@ std::optional<core::Evaluation> Trainer::train() {
   log_loader_share();
   auto result = evaluate();
   log_eval(result, metrics ? &*metrics : nullptr);
+  plot_losses();
   return result;
 }
 

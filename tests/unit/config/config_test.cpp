@@ -98,6 +98,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.tools.log_every, 5);
   EXPECT_EQ(c.tools.log_level, "debug");
   EXPECT_FALSE(c.tools.progress_bar);
+  EXPECT_TRUE(c.tools.tensorboard);
 }
 
 TEST(LoadConfig, InlineHfConfigKeepsYamlTypesInJson) {
@@ -201,6 +202,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(c.tools.log_every, 10);
   EXPECT_EQ(c.tools.log_level, "info");
   EXPECT_TRUE(c.tools.progress_bar);
+  EXPECT_FALSE(c.tools.tensorboard);
 }
 
 TEST(ParseConfig, EmptySectionsAndDpAuto) {
@@ -223,7 +225,7 @@ TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
   EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
             "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar, "
-            "dump_gradients)");
+            "dump_gradients, tensorboard)");
 }
 
 TEST(ParseConfigErrors, UnknownSection) {
