@@ -10,17 +10,9 @@
 #include "loom/train/schedule.h"
 #include "loom/train/trainer.h"
 #include "loom/util/errors.h"
+#include "loom/util/timer.h"
 
 namespace loom::train {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   if (warmup < 0 || steps < 1)

@@ -5,17 +5,9 @@
 #include <chrono>
 
 #include "loom/util/errors.h"
+#include "loom/util/timer.h"
 
 namespace loom::train {
-namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-}  // namespace
 
 ScheduleResult forward_backward_no_pipelining(
     const ForwardStep& forward_step, const std::vector<core::Stage>& stages,

@@ -15,15 +15,10 @@
 #include "loom/train/schedule.h"
 #include "loom/train/sharded_adamw.h"
 #include "loom/util/errors.h"
+#include "loom/util/timer.h"
 
 namespace loom::train {
 namespace {
-
-using Clock = std::chrono::steady_clock;
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 // Optimizer state entries are "<kind>.<parameter name>" (and "step"): under tensor parallelism
 // each is cut like its parameter. Whole entries from this rank's slices (a collective over the

@@ -18,17 +18,13 @@
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
 #include "loom/util/errors.h"
+#include "loom/util/timer.h"
 
 namespace loom::train {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
 
 namespace {
-
-double seconds_since(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
 
 JobParts built_parts(const config::JobConfig& job, std::shared_ptr<dist::Comm> comm) {
   auto built = tasks::build_job(job, std::move(comm));

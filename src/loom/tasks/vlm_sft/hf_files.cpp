@@ -11,7 +11,8 @@ namespace {
 
 constexpr const char* kImage = "<|vision_start|><|image_pad|><|vision_end|>";
 
-// The content of message `m`: a string with "<image>" placeholders, or a list of parts.
+// Jinja for the content of `message`: a string whose "<image>" placeholders become `image`, or a
+// list of text and image parts; `separator` goes around each image.
 std::string content(const std::string& image, const std::string& separator) {
   return "{% if message['content'] is string %}{{ message['content'] | replace('<image>', '" + separator +
          image + separator +

@@ -85,15 +85,14 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
   train_ = std::make_unique<data::ConversationMix>(specs, seed, skips_);
   // A held-out sample that cannot be used is an error, found here before any training: skipping
   // it would change what the evaluation measures, and finding it at the first evaluation would
-  // cost the run up to then. Each prompt is built once now, its images decoded, and dropped.
+  // cost the run up to then. Each is built once now as a prompt and as a training row (its images
+  // decoded once for both), and dropped.
   for (const auto& file : data.eval_datasets) {
     data::SkipLog problems;
     auto samples = data::read_conversations(spec_of(file), problems);
     throw_if_unusable(problems);
-    for (const data::Conversation& conversation : samples) {
-      held_out_prompt(conversation);
-      held_out_example(conversation);
-    }
+    for (const data::Conversation& conversation : samples)
+      held_out(conversation, /*with_replies=*/true, held_out(conversation, /*with_replies=*/false).images);
     eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
                  std::make_move_iterator(samples.end()));
   }
@@ -149,40 +148,37 @@ TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
   return out;
 }
 
-data::TokenizedExample MessagesData::held_out_prompt(const data::Conversation& conversation) const {
-  data::SkipLog problems;
-  auto built = prompt_template_->build(conversation, problems);
-  if (!built) throw_if_unusable(problems);
+data::TokenizedExample MessagesData::held_out(const data::Conversation& conversation, bool with_replies,
+                                              std::vector<data::VisionInput> images) const {
+  const data::ChatTemplate& chat = with_replies ? *template_ : *prompt_template_;
+  std::optional<data::ConversationExample> built;
+  if (images.empty()) {
+    data::SkipLog problems;
+    built = chat.build(conversation, problems);
+    if (!built) throw_if_unusable(problems);
+  } else {
+    built = chat.apply(conversation, std::move(images));
+  }
   data::TokenizedExample ex = to_example(*built, conversation);
   if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
-    throw DataError(
-        fmt::format("held-out sample {} of {} has {} prompt tokens, more than data.max_seq_len {}",
-                    conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
-  return ex;
-}
-
-data::TokenizedExample MessagesData::held_out_example(const data::Conversation& conversation) const {
-  data::SkipLog problems;
-  auto built = template_->build(conversation, problems);
-  if (!built) throw_if_unusable(problems);
-  data::TokenizedExample ex = to_example(*built, conversation);
-  if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)
-    throw DataError(
-        fmt::format("held-out sample {} of {} has {} tokens with its replies, more than data.max_seq_len {}",
-                    conversation.index, conversation.source, ex.input_ids.size(), section_.max_seq_len));
+    throw DataError(fmt::format("held-out sample {} of {} has {} {}, more than data.max_seq_len {}",
+                                conversation.index, conversation.source, ex.input_ids.size(),
+                                with_replies ? "tokens with its replies" : "prompt tokens",
+                                section_.max_seq_len));
   return ex;
 }
 
 data::Batch MessagesData::eval_examples(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
   for (int64_t i = begin; i < end; ++i)
-    examples.push_back(held_out_example(eval_.at(static_cast<size_t>(i))));
+    examples.push_back(held_out(eval_.at(static_cast<size_t>(i)), /*with_replies=*/true));
   return data::collate(examples, pad_id_);
 }
 
 data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
-  for (int64_t i = begin; i < end; ++i) examples.push_back(held_out_prompt(eval_.at(static_cast<size_t>(i))));
+  for (int64_t i = begin; i < end; ++i)
+    examples.push_back(held_out(eval_.at(static_cast<size_t>(i)), /*with_replies=*/false));
   return data::collate(examples, pad_id_);
 }
 

@@ -37,10 +37,11 @@ class MessagesData : public JobData {
   int64_t eval_samples() const override { return eval_samples_; }
 
  private:
-  // One held-out conversation as a generation prompt; DataError naming it when it cannot be one.
-  data::TokenizedExample held_out_prompt(const data::Conversation& conversation) const;
-  // The same as a training row with its labelled replies; DataError naming it when it cannot be one.
-  data::TokenizedExample held_out_example(const data::Conversation& conversation) const;
+  // One held-out conversation as a generation prompt, or (with_replies) as a training row with its
+  // labelled replies, from its already processed `images` when given (else decoded); DataError
+  // naming it when it cannot be used or is over data.max_seq_len.
+  data::TokenizedExample held_out(const data::Conversation& conversation, bool with_replies,
+                                  std::vector<data::VisionInput> images = {}) const;
   // DataError for the first problem recorded, if any.
   static void throw_if_unusable(const data::SkipLog& problems);
 
