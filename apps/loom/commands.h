@@ -19,13 +19,15 @@ struct Command {
 inline constexpr const char* kConfigHelp = "Job config file";
 inline constexpr const char* kOverrideHelp = "Override a config key: key=value (repeatable)";
 
-Command add_train(CLI::App& loom);    // train.cpp
-Command add_eval(CLI::App& loom);     // train.cpp
-Command add_bench(CLI::App& loom);    // train.cpp
-Command add_run(CLI::App& loom);      // run.cpp
-Command add_forward(CLI::App& loom);  // forward.cpp
-Command add_shapes(CLI::App& loom);   // shapes.cpp
-Command add_export(CLI::App& loom);   // export.cpp
+Command add_train(CLI::App& loom);     // train.cpp
+Command add_eval(CLI::App& loom);      // train.cpp
+Command add_bench(CLI::App& loom);     // train.cpp
+Command add_run(CLI::App& loom);       // run.cpp
+Command add_forward(CLI::App& loom);   // forward.cpp
+Command add_shapes(CLI::App& loom);    // shapes.cpp
+Command add_export(CLI::App& loom);    // export.cpp
+Command add_chat(CLI::App& loom);      // generate.cpp
+Command add_generate(CLI::App& loom);  // generate.cpp
 // `data` and its subcommands tokenize and export (data.cpp).
 std::vector<Command> add_data(CLI::App& loom);
 

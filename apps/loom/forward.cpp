@@ -20,6 +20,7 @@
 #include "loom/dist/launch_env.h"
 #include "loom/models/registry.h"
 #include "loom/models/weights.h"
+#include "loom/tasks/vlm_sft/prompts.h"
 #include "loom/util/errors.h"
 
 namespace loom::cli {
@@ -33,25 +34,6 @@ void write_f32(const fs::path& path, const at::Tensor& t) {
   std::ofstream out(path, std::ios::binary);
   out.write(reinterpret_cast<const char*>(c.data_ptr<float>()), c.numel() * sizeof(float));
   if (!out) throw Error(fmt::format("{}: cannot write", path.string()));
-}
-
-data::Qwen2VLImageOptions image_options_for(const std::string& model_dir,
-                                            const models::Qwen2VLConfig& config) {
-  data::Qwen2VLImageOptions options;
-  options.patch_size = config.vision.patch_size;
-  options.temporal_patch_size = config.vision.temporal_patch_size;
-  options.merge_size = config.vision.spatial_merge_size;
-  const fs::path pre = fs::path(model_dir) / "preprocessor_config.json";
-  if (!fs::exists(pre)) return options;
-  std::ifstream in(pre);
-  auto j = nlohmann::json::parse(in);
-  if (j.contains("min_pixels")) options.min_pixels = j["min_pixels"].get<int64_t>();
-  if (j.contains("max_pixels")) options.max_pixels = j["max_pixels"].get<int64_t>();
-  if (j.contains("image_mean"))
-    for (int c = 0; c < 3; ++c) options.mean[c] = j["image_mean"][c].get<float>();
-  if (j.contains("image_std"))
-    for (int c = 0; c < 3; ++c) options.std[c] = j["image_std"][c].get<float>();
-  return options;
 }
 
 // forward's parallel layout as a job's parallel section: under loom run (or another launcher) the
@@ -108,7 +90,7 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
   inputs.input_ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), -1});
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> grids;
-  const auto options = image_options_for(model_dir, config);
+  const auto options = tasks::image_options_from_dir(model_dir, config);
   for (const auto& image : input.value("images", nlohmann::json::array())) {
     const fs::path path = fs::path(input_path).parent_path() / image.get<std::string>();
     auto processed = data::qwen2vl_process_image(data::decode_image_file(path.string()), options);

@@ -31,9 +31,9 @@ int main(int argc, char** argv) {
   std::string log_level = "info";
   app.add_option("--log-level", log_level, "trace, debug, info, warn or error");
 
-  std::vector<cli::Command> commands = {cli::add_train(app), cli::add_eval(app),    cli::add_bench(app),
-                                        cli::add_run(app),   cli::add_forward(app), cli::add_shapes(app),
-                                        cli::add_export(app)};
+  std::vector<cli::Command> commands = {cli::add_train(app),  cli::add_eval(app),    cli::add_bench(app),
+                                        cli::add_run(app),    cli::add_forward(app), cli::add_shapes(app),
+                                        cli::add_export(app), cli::add_chat(app),    cli::add_generate(app)};
   for (cli::Command& command : cli::add_data(app)) commands.push_back(std::move(command));
 
   try {

@@ -74,11 +74,19 @@ nlohmann::json bench_json(const train::BenchResult& r) {
 
 Command add_train(CLI::App& loom) {
   auto job = std::make_shared<JobArguments>();
+  auto check = std::make_shared<bool>(false);
   auto* command = loom.add_subcommand("train", "Train a model from a job config (YAML)");
   command->add_option("config", job->config_path, kConfigHelp)->required();
   command->add_option("--set", job->overrides, kOverrideHelp);
-  return {command, [job] {
-            return with_trainer(*job, [](train::Trainer& trainer, bool main_rank) {
+  command->add_flag("--check", *check,
+                    "Only check the job: load the config, data, tokenizer, model (and init_from weights) "
+                    "and the parallel layout as training would, then exit; nothing is written");
+  return {command, [job, check] {
+            return with_trainer(*job, [&](train::Trainer& trainer, bool main_rank) {
+              if (*check) {
+                if (main_rank) fmt::print("{}: the job checks out; nothing was trained\n", job->config_path);
+                return;
+              }
               if (auto result = trainer.train(); result && main_rank) fmt::print("{}", result->report);
             });
           }};

@@ -25,7 +25,7 @@ grep -qF "/nonexistent/config.json" "$WORK/err" || fail "missing file not named:
 echo "ok: missing model config file -> $(cat "$WORK/err")"
 # A word that is no command is named as such, not reported as a missing command.
 if "$LOOM" trian x.yaml 2> "$WORK/err"; then fail "unknown command accepted"; fi
-grep -q "^loom: error: 'trian' is not a loom command; the commands are train, eval, bench, run, forward, shapes, export, data (loom --help)$" \
+grep -q "^loom: error: 'trian' is not a loom command; the commands are train, eval, bench, run, forward, shapes, export, chat, generate, data (loom --help)$" \
   "$WORK/err" || fail "unknown command: $(cat "$WORK/err")"
 # --log-level is taken after the subcommand too.
 "$LOOM" shapes qwen2-vl-2b --log-level warn > "$WORK/out" 2> "$WORK/err" || fail "--log-level after the subcommand: $(cat "$WORK/err")"

@@ -82,7 +82,7 @@ assert len(re.findall(r"skipped sample 4 of", log)) == 1 and len(re.findall(r"sk
 m = re.search(r"eval: exact-match accuracy ([0-9.]+)% on 6 held-out questions", log)
 assert m and float(m.group(1)) == 100.0, (m and m.group(0), log[-1500:])
 PY
-[ -f "$WORK/run/step-00000150/chatml_bpe_tokenizer.json" ] || fail "the checkpoint lacks the tokenizer"
+cmp -s "$WORK/run/step-00000150/tokenizer.json" "$FIX/chatml_bpe_tokenizer.json" || fail "the checkpoint lacks the tokenizer (as tokenizer.json)"
 # The checkpoint's chat template (tokenizer_config.json), rendered by Jinja2, is the text whose
 # tokens Loom's own chat template gives, system prompt and generation prompt included; an image
 # placeholder becomes the vision tokens; max_pixels is the processor's.
@@ -113,6 +113,33 @@ assert [r["answer"] for r in rows] == ["square", "blue", "ok", "grey", "yes", "H
 assert all(r["predicted"] == r["answer"] for r in rows), rows
 assert rows[1]["question"] == "Sky<image>" and rows[0]["question_type"] == "eval.jsonl", rows
 PY
+# loom generate answers the held-out prompts with the decoder the evaluation uses: the same answers,
+# batched (left padding) or one by one; loom chat prints the same answer for one of them.
+/usr/bin/python3 - "$WORK/eval.jsonl" "$FIX" > "$WORK/prompts.jsonl" <<'PY'
+import json, os, sys
+for line in open(sys.argv[1]):
+    row = json.loads(line)
+    images = [os.path.abspath(f"{sys.argv[2]}/{p}") for p in row.get("images", [])]
+    print(json.dumps({"messages": row["messages"][:-1], "images": images}))
+PY
+for batch in 1 4; do
+  "$LOOM" generate "$WORK/run" --prompts "$WORK/prompts.jsonl" --out "$WORK/answers-$batch.jsonl" \
+    --batch-size $batch --max-new-tokens 64 > "$WORK/generate.log" 2>&1 || { cat "$WORK/generate.log"; fail generate; }
+done
+python3 - "$WORK/predictions.jsonl" "$WORK/answers-1.jsonl" "$WORK/answers-4.jsonl" <<'PY'
+import json, sys
+predicted = [json.loads(line)["predicted"] for line in open(sys.argv[1])]
+for path in sys.argv[2:]:
+    rows = [json.loads(line) for line in open(path)]
+    assert [r["index"] for r in rows] == list(range(6)), rows
+    assert [r["answer"] + ("" if r["finished"] else " ...") for r in rows] == predicted, (path, rows, predicted)
+PY
+"$LOOM" chat "$WORK/run" --image "$FIX/images/red.png" --prompt "Red?" > "$WORK/chat.txt" 2> "$WORK/chat.log" ||
+  { cat "$WORK/chat.log"; fail chat; }
+[ "$(cat "$WORK/chat.txt")" = "yes" ] || fail "loom chat answered '$(cat "$WORK/chat.txt")', not 'yes'"
+printf 'Say ok.\nHello\n' | "$LOOM" chat "$WORK/run/step-00000150" > "$WORK/turns.txt" 2> "$WORK/chat.log" ||
+  { cat "$WORK/chat.log"; fail "chat from standard input"; }
+[ "$(head -n 1 "$WORK/turns.txt")" = "ok" ] || fail "loom chat's first turn: $(cat "$WORK/turns.txt")"
 # A held-out sample whose image is gone is a one-line error naming it, for `loom eval` and
 # `loom train` alike, before any work (it used to crash the evaluation).
 { cat "$WORK/eval.jsonl"; echo '{"messages": [{"role": "user", "content": "<image>Gone?"}, {"role": "assistant", "content": "no"}], "images": ["images/missing.png"]}'; } > "$WORK/eval-bad.jsonl"

@@ -81,12 +81,13 @@ struct DataSection {
   bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
   int64_t shift = 0;        // fashion_mnist: move each training image by up to this many pixels
   // every dataset:
-  int64_t eval_samples = 1000;    // > 0
-  int64_t max_seq_len = 1024;     // > 0
-  std::string overlong = "drop";  // drop | truncate | error: a training sample over max_seq_len
-  bool packing = false;           // micro-batches as one padding-free row (cu_seqlens)
-  int64_t num_workers = 2;        // >= 0
-  int64_t prefetch = 4;           // >= 1
+  int64_t eval_samples = 1000;       // > 0
+  int64_t eval_max_new_tokens = 64;  // > 0: the longest answer the evaluation decodes
+  int64_t max_seq_len = 1024;        // > 0
+  std::string overlong = "drop";     // drop | truncate | error: a training sample over max_seq_len
+  bool packing = false;              // micro-batches as one padding-free row (cu_seqlens)
+  int64_t num_workers = 2;           // >= 0
+  int64_t prefetch = 4;              // >= 1
 
   bool reads(ReadBy datasets) const;
 
@@ -109,6 +110,7 @@ struct DataSection {
     k("hflip", &S::hflip, ReadBy::fashion_mnist);
     k("shift", &S::shift, ReadBy::fashion_mnist, at_least(0));
     k("eval_samples", &S::eval_samples, at_least(1));
+    k("eval_max_new_tokens", &S::eval_max_new_tokens, at_least(1));
     k("max_seq_len", &S::max_seq_len, at_least(1));
     k("overlong", &S::overlong, one_of({"drop", "truncate", "error"}));
     k("packing", &S::packing);

@@ -1,5 +1,7 @@
 #include "loom/nn/attention.h"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -19,15 +21,18 @@ bool fused_kernels() { return fused; }
 
 namespace {
 
-// q, k, v (S, H, L, D) -> (S, H, L, D) with an optional causal mask.
-at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal) {
+// q (S, H, Lq, D), k and v (S, H, Lk, D) -> (S, H, Lq, D), with an optional causal mask (Lq = Lk) or
+// a mask of the scores left out (broadcasting to (S, H, Lq, Lk)).
+at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool causal,
+                  const at::Tensor& hidden = {}) {
   const double scale = 1.0 / std::sqrt(static_cast<double>(q.size(-1)));
-  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (S, H, L, L)
+  auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (S, H, Lq, Lk)
   if (causal) {
     const int64_t length = q.size(-2);
     auto future = at::ones({length, length}, at::TensorOptions().dtype(at::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   }
+  if (hidden.defined()) scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
   // Softmax in at least fp32, whatever the compute dtype.
   auto probs = at::softmax(scores, -1, at::promote_types(q.scalar_type(), at::kFloat)).to(q.scalar_type());
   return at::matmul(probs, v);
@@ -111,6 +116,25 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     vh = vh.repeat_interleave(heads / kv_heads, 1);
   }
   return attend(qh, kh, vh, true).transpose(1, 2);  // (B, L, Hq, D)
+}
+
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& allowed) {
+  const int64_t heads = q.size(2), kv_heads = k.size(2);
+  if (heads % kv_heads)
+    throw ModelError(
+        fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+  if (allowed.dim() != 3 || allowed.size(0) != q.size(0) || allowed.size(1) != q.size(1) ||
+      allowed.size(2) != k.size(1))
+    throw ModelError(fmt::format("masked_attention: the mask must be ({}, {}, {}), got ({})", q.size(0),
+                                 q.size(1), k.size(1), fmt::join(allowed.sizes(), ", ")));
+  auto kh = k.transpose(1, 2);  // (B, Hkv, Lk, D)
+  auto vh = v.transpose(1, 2);
+  if (kv_heads != heads) {
+    kh = kh.repeat_interleave(heads / kv_heads, 1);
+    vh = vh.repeat_interleave(heads / kv_heads, 1);
+  }
+  return attend(q.transpose(1, 2), kh, vh, false, allowed.logical_not().unsqueeze(1)).transpose(1, 2);
 }
 
 }  // namespace loom::nn

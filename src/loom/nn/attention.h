@@ -25,4 +25,10 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
 // q (B, L, Hq, D), k and v (B, L, Hkv, D), Hq % Hkv == 0 -> (B, L, Hq, D).
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v);
 
+// Attention of a few new tokens over keys and values cached before them (decoding), in the composite
+// form: q (B, Lq, Hq, D), k and v (B, Lk, Hkv, D), allowed (B, Lq, Lk) bool, true where a query may
+// see a key (every query must see at least one) -> (B, Lq, Hq, D).
+at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            const at::Tensor& allowed);
+
 }  // namespace loom::nn

@@ -53,6 +53,7 @@ TEST(LoadConfig, FullExampleParsesToEveryValue) {
   EXPECT_EQ(c.data.dataset, "shapes_vqa");
   EXPECT_EQ(c.data.image_size, 84);
   EXPECT_EQ(c.data.eval_samples, 200);
+  EXPECT_EQ(c.data.eval_max_new_tokens, 16);
   EXPECT_EQ(c.data.max_seq_len, 512);
   EXPECT_EQ(c.data.overlong, "truncate");
   EXPECT_TRUE(c.data.packing);
@@ -386,6 +387,7 @@ TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
             "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
             "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, eval_samples, "
+            "eval_max_new_tokens, "
             "max_seq_len, overlong, "
             "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(

@@ -73,6 +73,13 @@ TEST_F(MessagesDataTest, AUsableHeldOutSetGivesItsPrompts) {
   EXPECT_EQ(batch.image_grid_thw.size(0), 2);
 }
 
+TEST_F(MessagesDataTest, EvalSamplesTakesTheFirstHeldOutSamplesOrAllOfThem) {
+  const data::Qwen2VLImageOptions image;
+  const std::string two = sample("red.png", "red") + sample("sky.jpg", "blue");
+  EXPECT_EQ(MessagesData(section(two, 1), 1, image).eval_samples(), 1);
+  EXPECT_EQ(MessagesData(section(two, 1000), 1, image).eval_samples(), 2);  // the default, over a small file
+}
+
 TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {
   const std::string error = held_out_error(sample("red.png", "red") + sample("gone.png", "blue"), 2);
   EXPECT_EQ(error, "held-out sample 1 of " + dir_ +

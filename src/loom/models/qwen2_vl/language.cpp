@@ -50,14 +50,27 @@ TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& 
 }
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                  const std::vector<int64_t>& cu_seqlens) const {
+                                  const std::vector<int64_t>& cu_seqlens, const CachedPass* cached,
+                                  size_t layer) const {
   const auto whole = q_proj->group().enter(x, kSequenceDim);  // shared by q, k and v
   const int64_t b = whole.size(0), l = whole.size(1);
   auto q = nn::apply_rotary(q_proj->forward(whole).view({b, l, num_heads, head_dim}), cos, sin);
   auto k = nn::apply_rotary(k_proj->forward(whole).view({b, l, num_kv_heads, head_dim}), cos, sin);
   auto v = v_proj->forward(whole).view({b, l, num_kv_heads, head_dim});
   at::Tensor out;  // (B, L, H, D)
-  if (cu_seqlens.empty()) {
+  if (cached) {
+    KVCache& cache = *cached->cache;
+    if (cache.keys.size() <= layer) {
+      cache.keys.resize(layer + 1);
+      cache.values.resize(layer + 1);
+    }
+    at::Tensor& keys = cache.keys[layer];
+    at::Tensor& values = cache.values[layer];
+    const auto kept_k = k.narrow(1, 0, cached->appended), kept_v = v.narrow(1, 0, cached->appended);
+    keys = keys.defined() ? at::cat({keys, kept_k}, 1) : kept_k;
+    values = values.defined() ? at::cat({values, kept_v}, 1) : kept_v;
+    out = nn::masked_attention(q, keys, values, cached->allowed);
+  } else if (cu_seqlens.empty()) {
     out = nn::causal_attention(q, k, v);
   } else {
     if (b != 1)
@@ -91,8 +104,9 @@ DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& op
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                 const std::vector<int64_t>& cu_seqlens) const {
-  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cu_seqlens);
+                                 const std::vector<int64_t>& cu_seqlens, const CachedPass* cached,
+                                 size_t layer) const {
+  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cu_seqlens, cached, layer);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 

@@ -13,13 +13,33 @@
 
 namespace loom::models {
 
+// What incremental decoding keeps between forward passes (HF's past_key_values): every language
+// layer's keys and values of the tokens seen so far (this rank's heads, whole sequences), and which
+// of those tokens are real (left padding is not).
+struct KVCache {
+  std::vector<at::Tensor> keys, values;  // per layer: (B, cached, kv heads, head_dim); empty at first
+  at::Tensor valid;                      // (B, cached) bool; undefined at first
+  int64_t length() const { return valid.defined() ? valid.size(1) : 0; }
+};
+
+// One forward pass over a cache: each layer appends the first `appended` new tokens' keys and values
+// (the rest are sequence-parallel padding) to the cache's, then the queries attend where `allowed`
+// (B, new tokens, cached + appended) says.
+struct CachedPass {
+  KVCache* cache = nullptr;
+  at::Tensor allowed;
+  int64_t appended = 0;
+};
+
 class TextAttention : public torch::nn::Module {
  public:
   TextAttention(const TextConfig& config, const parallel::ParamOptions& options);
   // x (B, L, hidden), cos/sin (B, L, 1, head_dim) -> (B, L, hidden). Causal over each row, or,
-  // with cu_seqlens, over each packed sample [cu[i], cu[i+1]) of a single row (B = 1).
+  // with cu_seqlens, over each packed sample [cu[i], cu[i+1]) of a single row (B = 1), or, with a
+  // cached pass, over the cache as layer `layer` of the model.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens = {}) const;
+                     const std::vector<int64_t>& cu_seqlens = {}, const CachedPass* cached = nullptr,
+                     size_t layer = 0) const;
   std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<parallel::RowParallelLinear> o_proj;
   int64_t num_heads, num_kv_heads, head_dim;
@@ -37,7 +57,8 @@ class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const TextConfig& config, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens = {}) const;
+                     const std::vector<int64_t>& cu_seqlens = {}, const CachedPass* cached = nullptr,
+                     size_t layer = 0) const;
   std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<TextAttention> self_attn;
   std::shared_ptr<TextMlp> mlp;

@@ -139,17 +139,19 @@ class EmbedLayer : public TextLayer {
 class DecoderBlockLayer : public TextLayer {
  public:
   DecoderBlockLayer(size_t index, std::shared_ptr<DecoderLayer> block)
-      : TextLayer(fmt::format("model.layers.{}", index), block), block_(std::move(block)) {}
+      : TextLayer(fmt::format("model.layers.{}", index), block), block_(std::move(block)), index_(index) {}
   bool block() const override { return true; }
 
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const auto& c = qwen2vl(context);
-    carry.set("hidden", block_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens));
+    const CachedPass* cached = c.cached.cache ? &c.cached : nullptr;
+    carry.set("hidden", block_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, cached, index_));
     return carry;
   }
 
  private:
   std::shared_ptr<DecoderLayer> block_;
+  size_t index_;
 };
 
 class FinalNormLayer : public TextLayer {
@@ -217,16 +219,41 @@ void add_text_context(Qwen2VLContext& c, const VisionLanguageInputs& in, const Q
   parallel::pad_sequence_tables(c.text_chunks, kTokenDim, c.cos, c.sin, {&c.cu_seqlens});
 }
 
+// Decoding: the new tokens' mask joins the cache's, and each new token (sequence-parallel padding
+// included, which sees every real token) is allowed the real tokens up to itself, and itself.
+void add_cached_pass(Qwen2VLContext& c, const VisionLanguageInputs& in, KVCache& cache) {
+  if (!in.cu_seqlens.empty())
+    throw ModelError("decoding with a key/value cache takes one sample per row, not packed rows");
+  const int64_t rows = in.input_ids.size(0), length = in.input_ids.size(kTokenDim), past = cache.length();
+  if (past > 0 && cache.valid.size(0) != rows)
+    throw ModelError(
+        fmt::format("the key/value cache holds {} rows, the input {}", cache.valid.size(0), rows));
+  const at::Tensor real =
+      in.attention_mask.defined() ? in.attention_mask.to(at::kBool) : at::ones({rows, length}, at::kBool);
+  const at::Tensor valid = past > 0 ? at::cat({cache.valid, real}, 1) : real;  // (B, past + length)
+  const int64_t padded = c.text_chunks.split ? c.text_chunks.padded : length;
+  auto query = at::arange(past, past + padded, at::kLong).view({padded, 1});
+  auto key = at::arange(past + length, at::kLong).view({1, past + length});
+  c.cached.allowed = (valid.unsqueeze(1) & key.le(query).unsqueeze(0)) | key.eq(query).unsqueeze(0);
+  c.cached.appended = length;
+  c.cached.cache = &cache;
+  cache.valid = valid;
+}
+
 }  // namespace
 
 std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
-                                                      const parallel::TensorParallelGroup& text_tp) {
+                                                      const parallel::TensorParallelGroup& text_tp,
+                                                      KVCache* cache) {
   auto context = std::make_shared<Qwen2VLContext>();
   if (inputs.pixel_values.defined() && inputs.pixel_values.size(0) > 0)
     add_vision_context(*context, inputs, config.vision, vision_tp);
-  if (inputs.input_ids.defined()) add_text_context(*context, inputs, config, text_tp);
+  if (inputs.input_ids.defined()) {
+    add_text_context(*context, inputs, config, text_tp);
+    if (cache) add_cached_pass(*context, inputs, *cache);
+  }
   return context;
 }
 

@@ -19,12 +19,12 @@
 
 #include "loom/core/layer.h"
 #include "loom/models/qwen2_vl/config.h"
+#include "loom/models/qwen2_vl/language.h"
 #include "loom/parallel/sequence.h"
 
 namespace loom::models {
 
 class VisionTransformer;
-class TextModel;
 struct VisionLanguageInputs;
 
 // What every layer of one micro-batch reads, built once before the first layer.
@@ -42,17 +42,22 @@ struct Qwen2VLContext : core::Context {
   at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
   std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
   parallel::SequenceChunks text_chunks;
+  CachedPass cached;  // decoding: cached.cache set, the language layers read and extend it
 
   bool has_images() const { return pixel_values.defined(); }
   bool has_text() const { return input_ids.defined(); }
 };
 
 // The context of `inputs`: position ids (rope_index unless given), the rotary tables, attention
-// segments, window index and sequence-parallel padding of the vision tower and the LLM.
+// segments, window index and sequence-parallel padding of the vision tower and the LLM. With a
+// cache (decoding; one sample per row, no packing), the input ids are the tokens after those cached
+// and their attention mask is added to the cache's now: each new token sees the real tokens before
+// it and itself (a padding token only itself).
 std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
-                                                      const parallel::TensorParallelGroup& text_tp);
+                                                      const parallel::TensorParallelGroup& text_tp,
+                                                      KVCache* cache = nullptr);
 
 // The layers of a built model, in forward order.
 core::Layers qwen2vl_layers(const std::shared_ptr<VisionTransformer>& visual,

@@ -115,8 +115,8 @@ Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
 }
 
 std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
-    const VisionLanguageInputs& inputs) const {
-  return qwen2vl_context(inputs, config, visual->tp, model->tp);
+    const VisionLanguageInputs& inputs, KVCache* cache) const {
+  return qwen2vl_context(inputs, config, visual->tp, model->tp, cache);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,
@@ -131,15 +131,6 @@ at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& p
 
 at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs) const {
   return core::run_layers(layers_, {}, {}, *context(inputs)).get("hidden");
-}
-
-at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs,
-                                                          const at::Tensor& image_embeds) const {
-  VisionLanguageInputs text = inputs;
-  text.pixel_values = at::Tensor();  // the vision layers have no work
-  core::Carry carry;
-  if (image_embeds.defined()) carry.set("image_embeds", image_embeds);
-  return core::run_layers(layers_, {}, std::move(carry), *context(text)).get("hidden");
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {

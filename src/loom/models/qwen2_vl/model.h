@@ -49,15 +49,13 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
       const Qwen2VLConfig& config, const parallel::ParamOptions& options,
       const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
 
-  // The context the layers read for `inputs` (layers.h).
-  std::shared_ptr<const Qwen2VLContext> context(const VisionLanguageInputs& inputs) const;
+  // The context the layers read for `inputs` (layers.h), decoding over `cache` when given.
+  std::shared_ptr<const Qwen2VLContext> context(const VisionLanguageInputs& inputs,
+                                                KVCache* cache = nullptr) const;
   // Vision embeddings after the merger: (patches/4, hidden); (0, hidden) without patches.
   at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
   // Final hidden states (B, L, hidden) after the last norm: every layer, run directly.
   at::Tensor hidden_states(const VisionLanguageInputs& inputs) const;
-  // The same from image embeddings computed before (decoding reuses them; the inputs' pixel values
-  // are not read): only the language layers run.
-  at::Tensor hidden_states(const VisionLanguageInputs& inputs, const at::Tensor& image_embeds) const;
   // LM head: (..., hidden) -> (..., vocab / tp), this rank's slice of the vocabulary (from
   // vocab_start()); all of it at tp 1. whole_logits() gathers the slices.
   at::Tensor logits(const at::Tensor& hidden) const;

@@ -23,15 +23,6 @@ std::string content(const std::string& image, const std::string& separator) {
          "{% elif 'text' in part %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}";
 }
 
-std::vector<int64_t> stop_ids(const data::Tokenizer& tokenizer) {
-  std::vector<int64_t> ids{tokenizer.id("<|im_end|>")};
-  try {
-    ids.push_back(tokenizer.id("<|endoftext|>"));
-  } catch (const DataError&) {
-  }
-  return ids;
-}
-
 }  // namespace
 
 nlohmann::ordered_json preprocessor_config(const data::Qwen2VLImageOptions& image) {

@@ -21,6 +21,15 @@ int64_t padding_id(const data::Tokenizer& tokenizer) {
   }
 }
 
+std::vector<int64_t> stop_ids(const data::Tokenizer& tokenizer) {
+  std::vector<int64_t> ids{tokenizer.id("<|im_end|>")};
+  try {
+    ids.push_back(tokenizer.id("<|endoftext|>"));
+  } catch (const DataError&) {
+  }
+  return ids;
+}
+
 bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
                    const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts) {
   const int64_t length = static_cast<int64_t>(example.input_ids.size());

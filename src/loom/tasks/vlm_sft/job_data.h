@@ -52,6 +52,9 @@ std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t
 // Padding is masked out of attention and loss, so any id the model knows will do.
 int64_t padding_id(const data::Tokenizer& tokenizer);
 
+// The tokenizer's end tokens, which stop an answer: <|im_end|>, and <|endoftext|> when it has one.
+std::vector<int64_t> stop_ids(const data::Tokenizer& tokenizer);
+
 // Applies data.max_seq_len to a training example as data.overlong says: false when the example is
 // dropped; truncates it in place (never inside an image) and counts it; DataError naming `what`
 // for overlong: error.

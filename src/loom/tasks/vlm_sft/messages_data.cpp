@@ -2,6 +2,7 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <set>
 #include <utility>
@@ -96,14 +97,8 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
                  std::make_move_iterator(samples.end()));
   }
-  if (!data.eval_datasets.empty()) {
-    if (data.eval_samples > static_cast<int64_t>(eval_.size()))
-      throw ConfigError(
-          fmt::format("data.eval_samples: {} is more than the {} held-out samples of "
-                      "data.eval_datasets",
-                      data.eval_samples, eval_.size()));
-    eval_samples_ = data.eval_samples;
-  }
+  // The first eval_samples held-out samples, all of them when they are fewer.
+  eval_samples_ = std::min(data.eval_samples, static_cast<int64_t>(eval_.size()));
   pad_id_ = padding_id(*tokenizer_);
   spdlog::info(
       "data: {} training conversations in {} files ({} per epoch of the mix), {} held out; {} "
@@ -117,7 +112,7 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
 }
 
 void MessagesData::save_tokenizer(const std::string& dir) const {
-  const fs::path target = fs::path(dir) / fs::path(tokenizer_path_).filename();
+  const fs::path target = fs::path(dir) / (tokenizer_json() ? "tokenizer.json" : "tokenizer.model");
   std::error_code error;
   fs::copy_file(tokenizer_path_, target, fs::copy_options::overwrite_existing, error);
   if (error)

@@ -19,11 +19,12 @@ class MessagesData : public JobData {
   // Reads every training and held-out file now. Bad training samples are skipped and counted; a
   // held-out sample that cannot be used (malformed, placeholders not matching its images, an image
   // missing or not decoding, a prompt over data.max_seq_len) is a DataError naming its file and
-  // index. ConfigError when data.eval_samples is more than the held-out samples.
+  // index. The evaluation takes the first data.eval_samples of them (all when they are fewer).
   MessagesData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image);
 
   const data::Tokenizer& tokenizer() const override { return *tokenizer_; }
-  // Copies the tokenizer file into the directory under its own name.
+  // Copies the tokenizer file into the directory under the name transformers reads: tokenizer.json,
+  // or tokenizer.model for a SentencePiece model.
   void save_tokenizer(const std::string& dir) const override;
   bool tokenizer_json() const override;
   const data::Qwen2VLImageOptions& image_options() const override { return template_->options().image; }

@@ -17,6 +17,7 @@
 #include "loom/nn/fused.h"
 #include "loom/parallel/cross_entropy.h"
 #include "loom/tasks/registry.h"
+#include "loom/tasks/vlm_sft/generate.h"
 #include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 
@@ -204,8 +205,9 @@ core::Evaluation VlmSftTask::evaluate() {
   at::NoGradGuard no_grad;
   constexpr int64_t kBatch = 100;
   const auto& tokenizer = data_->tokenizer();
-  const int64_t im_end = tokenizer.id("<|im_end|>");
-  const int64_t pad = padding_id(tokenizer);
+  SamplingOptions greedy;
+  greedy.max_new_tokens = data_section_.eval_max_new_tokens;
+  const std::vector<int64_t> stops = stop_ids(tokenizer);
   // Batches are dealt round-robin to the data-parallel ranks (the ranks of a tensor-parallel
   // group decode the same batch together); each scored answer keeps its position in the held-out
   // set so the gathered result is in eval order on every rank.
@@ -220,52 +222,15 @@ core::Evaluation VlmSftTask::evaluate() {
   for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
     if (index % ranks != rank) continue;
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
-    auto batch = data_->eval_prompts(begin, end);
-    const int64_t rows = batch.input_ids.size(0);
-    auto lengths = batch.sequence_lengths();
-    // Exact match: a prediction longer than the longest reference answer of the batch is wrong
-    // whatever follows, so decoding stops there (one more step for <|im_end|>).
-    int64_t max_new_tokens = 1;
-    for (const auto& answer : batch.answers)
-      max_new_tokens = std::max<int64_t>(max_new_tokens, tokenizer.encode(answer).size() + 1);
-    // Room for the answer: right padding, so each row's new token goes at its own length.
-    auto ids = at::cat({batch.input_ids, at::full({rows, max_new_tokens}, pad, at::kLong)}, 1);
-    auto mask = at::cat({batch.attention_mask, at::zeros({rows, max_new_tokens}, at::kLong)}, 1);
-    std::vector<std::vector<int64_t>> answers(rows);
-    std::vector<bool> finished(rows, false);
-    // Image embeddings do not change while decoding: compute them once.
-    auto image_embeds = model_->image_embeddings(batch.pixel_values, batch.image_grid_thw);
-    for (int64_t t = 0; t < max_new_tokens; ++t) {
-      models::VisionLanguageInputs step;
-      step.input_ids = ids;
-      step.attention_mask = mask;
-      step.image_grid_thw = batch.image_grid_thw;
-      auto hidden = model_->hidden_states(step, image_embeds);
-      auto last = at::empty({rows}, at::kLong);
-      for (int64_t r = 0; r < rows; ++r) last[r] = lengths[r] - 1;
-      auto next = model_->whole_logits(hidden.index({at::arange(rows, at::kLong), last})).argmax(-1);
-      bool all_done = true;
-      for (int64_t r = 0; r < rows; ++r) {
-        if (finished[r]) continue;
-        const int64_t token = next[r].item<int64_t>();
-        if (token == im_end) {
-          finished[r] = true;
-          continue;
-        }
-        answers[r].push_back(token);
-        ids[r][lengths[r]] = token;
-        mask[r][lengths[r]] = 1;
-        ++lengths[r];
-        all_done = false;
-      }
-      if (all_done) break;
-    }
-    for (int64_t r = 0; r < rows; ++r) {
-      const std::string predicted = tokenizer.decode(answers[r]);
-      scored.push_back({begin + r,
-                        {batch.questions[r], batch.answers[r], finished[r] ? predicted : predicted + " ...",
+    const data::Batch batch = data_->eval_prompts(begin, end);
+    const Generated answers = generate(*model_, batch, padding_id(tokenizer), stops, greedy);
+    for (size_t r = 0; r < answers.tokens.size(); ++r) {
+      const std::string predicted = tokenizer.decode(answers.tokens[r]);
+      const bool finished = answers.finished[r];
+      scored.push_back({begin + static_cast<int64_t>(r),
+                        {batch.questions[r], batch.answers[r], finished ? predicted : predicted + " ...",
                          batch.question_types[r]},
-                        finished[r] && predicted == batch.answers[r]});
+                        finished && predicted == batch.answers[r]});
     }
   }
   if (data_comm) {

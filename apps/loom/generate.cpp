@@ -1,0 +1,291 @@
+// loom chat and loom generate: answers from a model directory (a checkpoint, a run directory's newest
+// checkpoint, or an exported HF directory), decoded with the key/value cache (tasks/vlm_sft/generate.h)
+// the task's evaluation uses; chat prints each answer as it is generated, generate answers a JSONL
+// file of prompts in batches.
+#include "loom/tasks/vlm_sft/generate.h"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/dist/launch_env.h"
+#include "loom/models/registry.h"
+#include "loom/models/weights.h"
+#include "loom/tasks/vlm_sft/job_data.h"
+#include "loom/tasks/vlm_sft/prompts.h"
+#include "loom/util/errors.h"
+
+namespace loom::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+
+// A model directory loaded for answering, in this one process.
+struct ChatModel {
+  std::string dir;
+  std::shared_ptr<models::Qwen2VLForConditionalGeneration> model;
+  std::unique_ptr<tasks::ChatPrompts> prompts;
+  std::vector<int64_t> stops;
+  int64_t pad = 0;
+};
+
+ChatModel load_chat_model(const std::string& path, const char* command) {
+  if (dist::launch_env_from_process().world_size > 1)
+    throw ConfigError(fmt::format("{} runs in one process, not under loom run", command));
+  ChatModel out;
+  out.dir = checkpoint::resolve_model_directory(path);
+  const models::Qwen2VLConfig config = models::model_config_from_dir(out.dir);
+  out.model = models::build_model(config, {});
+  models::load_parameters(*out.model, out.dir);
+  out.model->eval();
+  out.prompts = std::make_unique<tasks::ChatPrompts>(out.dir, config);
+  out.stops = tasks::stop_ids(out.prompts->tokenizer());
+  out.pad = tasks::padding_id(out.prompts->tokenizer());
+  return out;
+}
+
+void add_sampling_options(CLI::App* command, tasks::SamplingOptions& options) {
+  command->add_option("--max-new-tokens", options.max_new_tokens, "Longest answer, in tokens (default 256)");
+  command->add_option("--temperature", options.temperature, "0 (default): greedy; > 0: sampled");
+  command->add_option("--top-k", options.top_k, "Sample from the k most likely tokens (0, default: all)");
+  command->add_option("--top-p", options.top_p,
+                      "Sample from the fewest most likely tokens whose probabilities reach p (default 1)");
+  command->add_option("--seed", options.seed, "Seed of the sampling draws (default 0)");
+}
+
+// Prints a row's answer as its tokens come: the text decoded so far, less what is already printed,
+// held back while it ends inside a multi-byte character.
+class StreamPrinter {
+ public:
+  explicit StreamPrinter(const data::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
+  void add(int64_t token) {
+    tokens_.push_back(token);
+    const std::string text = tokenizer_.decode(tokens_);
+    static const std::string kReplacement = "\xEF\xBF\xBD";
+    if (text.size() >= kReplacement.size() && text.compare(text.size() - 3, 3, kReplacement) == 0) return;
+    if (text.size() > printed_) {
+      std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
+      std::fflush(stdout);
+      printed_ = text.size();
+    }
+  }
+  std::string text() const { return tokenizer_.decode(tokens_); }
+
+ private:
+  const data::Tokenizer& tokenizer_;
+  std::vector<int64_t> tokens_;
+  size_t printed_ = 0;
+};
+
+// One answer to `messages`, printed as it is generated; returns its text.
+std::string answer(const ChatModel& chat, const std::vector<data::Message>& messages,
+                   const std::vector<std::string>& images, const tasks::SamplingOptions& options) {
+  const data::Batch batch = data::collate({chat.prompts->prompt(messages, images, "chat")}, chat.pad);
+  StreamPrinter printer(chat.prompts->tokenizer());
+  const tasks::Generated out = tasks::generate(*chat.model, batch, chat.pad, chat.stops, options,
+                                               [&](int64_t, int64_t token) { printer.add(token); });
+  std::fputs(out.finished[0] ? "\n" : " ...\n", stdout);
+  std::fflush(stdout);
+  return printer.text();
+}
+
+int run_chat(const std::string& model_dir, const std::vector<std::string>& images, const std::string& prompt,
+             const std::string& system, const tasks::SamplingOptions& options) {
+  tasks::check_sampling(options);
+  const ChatModel chat = load_chat_model(model_dir, "chat");
+  std::vector<data::Message> messages;
+  if (!system.empty()) {
+    if (chat.prompts->format() == tasks::PromptFormat::vqa)
+      throw ConfigError(
+          "chat: --system: this model's prompt format (the built-in VQA sets') has no system message");
+    messages.push_back({data::Role::system, system});
+  }
+  if (!prompt.empty()) {
+    messages.push_back({data::Role::user, prompt});
+    answer(chat, messages, images, options);
+    return 0;
+  }
+  // Interactive: each line is a user turn; ChatML models keep the conversation (the images belong to
+  // its first turn), the VQA format answers each question about the images alone.
+  const bool interactive = isatty(STDIN_FILENO) != 0;
+  if (interactive)
+    std::fprintf(stderr, "loom chat: %s (%s); an empty line or end of input ends the chat\n",
+                 chat.dir.c_str(),
+                 chat.prompts->format() == tasks::PromptFormat::vqa ? "one question per line" : "ChatML");
+  std::string line;
+  while (true) {
+    if (interactive) std::fputs("> ", stderr);
+    if (!std::getline(std::cin, line) || line.empty()) break;
+    if (chat.prompts->format() == tasks::PromptFormat::vqa) {
+      answer(chat, {{data::Role::user, line}}, images, options);
+      continue;
+    }
+    messages.push_back({data::Role::user, line});
+    const bool first = messages.size() == (system.empty() ? 1u : 2u);
+    std::vector<data::Message> turn = messages;
+    if (!first) {
+      // The images' placeholders go into the first user turn.
+      for (data::Message& m : turn)
+        if (m.role == data::Role::user) {
+          if (data::count_image_placeholders(m.content) == 0)
+            for (size_t i = 0; i < images.size(); ++i) m.content = data::kImagePlaceholder + m.content;
+          break;
+        }
+    }
+    messages.push_back({data::Role::assistant, answer(chat, turn, images, options)});
+  }
+  return 0;
+}
+
+// One prompt of a generate input file: {"prompt": TEXT} or {"messages": [{"role", "content"}...]}, with
+// "images": [paths, relative to the file's directory].
+struct PromptRow {
+  std::vector<data::Message> messages;
+  std::vector<std::string> images;
+};
+
+PromptRow parse_prompt(const nlohmann::json& row, const fs::path& root, const std::string& where) {
+  PromptRow out;
+  if (!row.is_object()) throw DataError(fmt::format("{}: not a JSON object", where));
+  if (row.contains("prompt")) {
+    if (!row["prompt"].is_string()) throw DataError(fmt::format("{}: \"prompt\" is not a string", where));
+    out.messages.push_back({data::Role::user, row["prompt"].get<std::string>()});
+  } else if (row.contains("messages") && row["messages"].is_array()) {
+    for (const auto& m : row["messages"]) {
+      if (!m.is_object() || !m.contains("role") || !m["role"].is_string() || !m.contains("content") ||
+          !m["content"].is_string())
+        throw DataError(fmt::format("{}: each message needs string \"role\" and \"content\"", where));
+      const std::string role = m["role"].get<std::string>();
+      const data::Role r =
+          role == "user"        ? data::Role::user
+          : role == "assistant" ? data::Role::assistant
+          : role == "system"
+              ? data::Role::system
+              : throw DataError(fmt::format("{}: role '{}' is not user, assistant or system", where, role));
+      out.messages.push_back({r, m["content"].get<std::string>()});
+    }
+  } else {
+    throw DataError(fmt::format("{}: needs \"prompt\" (a string) or \"messages\" (a list)", where));
+  }
+  for (const auto& image : row.value("images", nlohmann::json::array())) {
+    if (!image.is_string()) throw DataError(fmt::format("{}: \"images\" must be a list of paths", where));
+    const fs::path path = image.get<std::string>();
+    out.images.push_back((path.is_absolute() ? path : root / path).string());
+  }
+  return out;
+}
+
+int run_generate(const std::string& model_dir, const std::string& input, const std::string& output,
+                 int64_t batch_size, const tasks::SamplingOptions& options) {
+  tasks::check_sampling(options);
+  if (batch_size < 1) throw ConfigError(fmt::format("generate: --batch-size {} is not >= 1", batch_size));
+  std::ifstream in(input);
+  if (!in) throw DataError(fmt::format("{}: cannot open the prompts file", input));
+  const ChatModel chat = load_chat_model(model_dir, "generate");
+  std::vector<data::TokenizedExample> prompts;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    const std::string where = fmt::format("{} line {}", input, number);
+    nlohmann::json row;
+    try {
+      row = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}: not valid JSON ({})", where, e.what()));
+    }
+    const PromptRow parsed = parse_prompt(row, fs::path(input).parent_path(), where);
+    prompts.push_back(chat.prompts->prompt(parsed.messages, parsed.images, where));
+  }
+  if (prompts.empty()) throw DataError(fmt::format("{}: no prompts", input));
+  std::ofstream out(output);
+  if (!out) throw DataError(fmt::format("{}: cannot be written", output));
+  const data::Tokenizer& tokenizer = chat.prompts->tokenizer();
+  for (size_t begin = 0; begin < prompts.size(); begin += static_cast<size_t>(batch_size)) {
+    const size_t end = std::min(prompts.size(), begin + static_cast<size_t>(batch_size));
+    const std::vector<data::TokenizedExample> rows(prompts.begin() + begin, prompts.begin() + end);
+    tasks::SamplingOptions batch_options = options;
+    batch_options.seed = options.seed + begin;  // each prompt's draws follow from its index in the file
+    const tasks::Generated answers =
+        tasks::generate(*chat.model, data::collate(rows, chat.pad), chat.pad, chat.stops, batch_options);
+    for (size_t r = 0; r < rows.size(); ++r)
+      out << nlohmann::json{{"index", begin + r},
+                            {"prompt", rows[r].question},
+                            {"answer", tokenizer.decode(answers.tokens[r])},
+                            {"finished", static_cast<bool>(answers.finished[r])},
+                            {"new_tokens", answers.tokens[r].size()}}
+                 .dump()
+          << "\n";
+    fmt::print("generate: {} of {} prompts answered\n", end, prompts.size());
+  }
+  out.close();
+  if (!out) throw DataError(fmt::format("{}: writing failed", output));
+  fmt::print("wrote {} answers to {}\n", prompts.size(), output);
+  return 0;
+}
+
+}  // namespace
+
+Command add_chat(CLI::App& loom) {
+  struct Arguments {
+    std::string model, prompt, system;
+    std::vector<std::string> images;
+    tasks::SamplingOptions sampling;
+  };
+  auto arguments = std::make_shared<Arguments>();
+  arguments->sampling.max_new_tokens = 256;
+  auto* command = loom.add_subcommand(
+      "chat",
+      "Talk to a model: loom chat MODEL [--image PATH]... [--prompt TEXT] (else one turn per line of input)");
+  command
+      ->add_option("model", arguments->model,
+                   "Checkpoint or model directory, or a run directory (its newest checkpoint)")
+      ->required();
+  command->add_option("--image", arguments->images, "An image file (repeatable), shown in the first turn");
+  command->add_option("--prompt", arguments->prompt, "Answer this one message and exit");
+  command->add_option("--system", arguments->system, "The system message (ChatML models)");
+  add_sampling_options(command, arguments->sampling);
+  return {command, [arguments] {
+            const auto& a = *arguments;
+            return run_chat(a.model, a.images, a.prompt, a.system, a.sampling);
+          }};
+}
+
+Command add_generate(CLI::App& loom) {
+  struct Arguments {
+    std::string model, input, output;
+    int64_t batch_size = 8;
+    tasks::SamplingOptions sampling;
+  };
+  auto arguments = std::make_shared<Arguments>();
+  arguments->sampling.max_new_tokens = 256;
+  auto* command = loom.add_subcommand(
+      "generate", "Answer a JSONL file of prompts: loom generate MODEL --prompts FILE --out FILE");
+  command
+      ->add_option("model", arguments->model,
+                   "Checkpoint or model directory, or a run directory (its newest checkpoint)")
+      ->required();
+  command
+      ->add_option("--prompts", arguments->input,
+                   "JSONL: {\"prompt\": TEXT} or {\"messages\": [...]}, with \"images\": [paths]")
+      ->required();
+  command->add_option("--out", arguments->output, "JSONL of the answers, in the prompts' order")->required();
+  command->add_option("--batch-size", arguments->batch_size, "Prompts decoded together (default 8)");
+  add_sampling_options(command, arguments->sampling);
+  return {command, [arguments] {
+            const auto& a = *arguments;
+            return run_generate(a.model, a.input, a.output, a.batch_size, a.sampling);
+          }};
+}
+
+}  // namespace loom::cli

@@ -1,0 +1,33 @@
+// Incremental decoding of Qwen2-VL, as transformers' generate() runs it: the prompts once (prefill),
+// then one token per row per step, each step attending over the keys and values the steps before it
+// cached, its M-RoPE position continuing from the prompt's with the row's rope delta.
+#pragma once
+#include <ATen/ATen.h>
+
+#include "loom/models/qwen2_vl/model.h"
+
+namespace loom::models {
+
+class Qwen2VLDecoder {
+ public:
+  // The model must outlive the decoder.
+  explicit Qwen2VLDecoder(const Qwen2VLForConditionalGeneration& model) : model_(&model) {}
+
+  // Left-padded prompts (their attention mask 0 on the padding at the start of rows, every row's
+  // last token real), images included -> the whole logits of each row's last token (B, vocab).
+  // Starts a new cache.
+  at::Tensor prefill(const VisionLanguageInputs& prompts);
+  // One token per row (B) after those seen -> their whole logits (B, vocab).
+  at::Tensor step(const at::Tensor& tokens);
+
+  int64_t length() const { return cache_.length(); }  // tokens per row seen so far, padding included
+
+ private:
+  at::Tensor last_logits(const at::Tensor& hidden) const;
+
+  const Qwen2VLForConditionalGeneration* model_;
+  KVCache cache_;
+  at::Tensor deltas_;  // (B, 1): a new token's position is its index in the row plus this
+};
+
+}  // namespace loom::models
