@@ -36,8 +36,7 @@ struct ChatModel {
   std::string dir;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model;
   std::unique_ptr<tasks::ChatPrompts> prompts;
-  std::vector<int64_t> stops;
-  int64_t pad = 0;
+  tasks::GenerationTokens tokens;
 };
 
 ChatModel load_chat_model(const std::string& path, const char* command) {
@@ -50,8 +49,7 @@ ChatModel load_chat_model(const std::string& path, const char* command) {
   models::load_parameters(*out.model, out.dir);
   out.model->eval();
   out.prompts = std::make_unique<tasks::ChatPrompts>(out.dir, config);
-  out.stops = tasks::stop_ids(out.prompts->tokenizer());
-  out.pad = tasks::padding_id(out.prompts->tokenizer());
+  out.tokens = tasks::generation_tokens(out.prompts->tokenizer());
   return out;
 }
 
@@ -65,7 +63,7 @@ void add_sampling_options(CLI::App* command, tasks::SamplingOptions& options) {
 }
 
 // Prints a row's answer as its tokens come: the text decoded so far, less what is already printed,
-// held back while it ends inside a multi-byte character.
+// held back while it ends inside a multi-byte character (finish() prints whatever is left).
 class StreamPrinter {
  public:
   explicit StreamPrinter(const data::Tokenizer& tokenizer) : tokenizer_(tokenizer) {}
@@ -73,16 +71,26 @@ class StreamPrinter {
     tokens_.push_back(token);
     const std::string text = tokenizer_.decode(tokens_);
     static const std::string kReplacement = "\xEF\xBF\xBD";
-    if (text.size() >= kReplacement.size() && text.compare(text.size() - 3, 3, kReplacement) == 0) return;
-    if (text.size() > printed_) {
-      std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
-      std::fflush(stdout);
-      printed_ = text.size();
-    }
+    if (text.size() >= kReplacement.size() &&
+        text.compare(text.size() - kReplacement.size(), kReplacement.size(), kReplacement) == 0)
+      return;
+    print(text);
   }
-  std::string text() const { return tokenizer_.decode(tokens_); }
+  // Prints the rest of the answer; returns it whole.
+  std::string finish() {
+    const std::string text = tokenizer_.decode(tokens_);
+    print(text);
+    return text;
+  }
 
  private:
+  void print(const std::string& text) {
+    if (text.size() <= printed_) return;
+    std::fwrite(text.data() + printed_, 1, text.size() - printed_, stdout);
+    std::fflush(stdout);
+    printed_ = text.size();
+  }
+
   const data::Tokenizer& tokenizer_;
   std::vector<int64_t> tokens_;
   size_t printed_ = 0;
@@ -91,13 +99,14 @@ class StreamPrinter {
 // One answer to `messages`, printed as it is generated; returns its text.
 std::string answer(const ChatModel& chat, const std::vector<data::Message>& messages,
                    const std::vector<std::string>& images, const tasks::SamplingOptions& options) {
-  const data::Batch batch = data::collate({chat.prompts->prompt(messages, images, "chat")}, chat.pad);
+  const data::Batch batch = data::collate({chat.prompts->prompt(messages, images, "chat")}, chat.tokens.pad);
   StreamPrinter printer(chat.prompts->tokenizer());
-  const tasks::Generated out = tasks::generate(*chat.model, batch, chat.pad, chat.stops, options,
+  const tasks::Generated out = tasks::generate(*chat.model, batch, chat.tokens, options,
                                                [&](int64_t, int64_t token) { printer.add(token); });
+  const std::string text = printer.finish();
   std::fputs(out.finished[0] ? "\n" : " ...\n", stdout);
   std::fflush(stdout);
-  return printer.text();
+  return text;
 }
 
 int run_chat(const std::string& model_dir, const std::vector<std::string>& images, const std::string& prompt,
@@ -131,19 +140,15 @@ int run_chat(const std::string& model_dir, const std::vector<std::string>& image
       answer(chat, {{data::Role::user, line}}, images, options);
       continue;
     }
-    messages.push_back({data::Role::user, line});
-    const bool first = messages.size() == (system.empty() ? 1u : 2u);
-    std::vector<data::Message> turn = messages;
-    if (!first) {
-      // The images' placeholders go into the first user turn.
-      for (data::Message& m : turn)
-        if (m.role == data::Role::user) {
-          if (data::count_image_placeholders(m.content) == 0)
-            for (size_t i = 0; i < images.size(); ++i) m.content = data::kImagePlaceholder + m.content;
-          break;
-        }
+    const bool first = messages.size() == (system.empty() ? 0u : 1u);
+    if (!first && data::count_image_placeholders(line) > 0) {
+      std::fprintf(stderr, "loom chat: the images belong to the first turn; write later turns without %s\n",
+                   data::kImagePlaceholder);
+      continue;
     }
-    messages.push_back({data::Role::assistant, answer(chat, turn, images, options)});
+    messages.push_back({data::Role::user, line});
+    // The images go before the first user turn's text unless it places them (ChatPrompts::prompt).
+    messages.push_back({data::Role::assistant, answer(chat, messages, images, options)});
   }
   return 0;
 }
@@ -215,9 +220,9 @@ int run_generate(const std::string& model_dir, const std::string& input, const s
     const size_t end = std::min(prompts.size(), begin + static_cast<size_t>(batch_size));
     const std::vector<data::TokenizedExample> rows(prompts.begin() + begin, prompts.begin() + end);
     tasks::SamplingOptions batch_options = options;
-    batch_options.seed = options.seed + begin;  // each prompt's draws follow from its index in the file
+    batch_options.first_row = begin;  // each prompt's draws follow from its index in the file
     const tasks::Generated answers =
-        tasks::generate(*chat.model, data::collate(rows, chat.pad), chat.pad, chat.stops, batch_options);
+        tasks::generate(*chat.model, data::collate(rows, chat.tokens.pad), chat.tokens, batch_options);
     for (size_t r = 0; r < rows.size(); ++r)
       out << nlohmann::json{{"index", begin + r},
                             {"prompt", rows[r].question},

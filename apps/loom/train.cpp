@@ -79,12 +79,16 @@ Command add_train(CLI::App& loom) {
   command->add_option("config", job->config_path, kConfigHelp)->required();
   command->add_option("--set", job->overrides, kOverrideHelp);
   command->add_flag("--check", *check,
-                    "Only check the job: load the config, data, tokenizer, model (and init_from weights) "
-                    "and the parallel layout as training would, then exit; nothing is written");
+                    "Only check the job: load the config, data, tokenizer, model, init_from weights, "
+                    "parallel layout and the checkpoint it would resume from as training would, then "
+                    "exit; nothing is written");
   return {command, [job, check] {
             return with_trainer(*job, [&](train::Trainer& trainer, bool main_rank) {
               if (*check) {
-                if (main_rank) fmt::print("{}: the job checks out; nothing was trained\n", job->config_path);
+                const auto resume = trainer.check();
+                if (main_rank)
+                  fmt::print("{}: the job checks out ({}); nothing was trained\n", job->config_path,
+                             resume ? "it would resume from " + *resume : "it would start at step 0");
                 return;
               }
               if (auto result = trainer.train(); result && main_rank) fmt::print("{}", result->report);

@@ -71,6 +71,12 @@ void Trainer::load_weights(const std::string& dir) {
   plan_.gradients->reshard_from_parameters();
 }
 
+std::optional<std::string> Trainer::check() {
+  auto dir = resume_directory();
+  if (dir) resume_from(*dir);
+  return dir;
+}
+
 std::optional<std::string> Trainer::resume_directory() const {
   const auto& resume = job_.training.resume;
   if (resume == "none") return std::nullopt;

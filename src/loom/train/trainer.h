@@ -53,6 +53,9 @@ class Trainer {
   BenchResult bench(int64_t warmup, int64_t steps);
   // The task's evaluation, every parameter whole (every rank gets the whole result).
   core::Evaluation evaluate();
+  // What loom train --check adds to building the job: the checkpoint train() would resume from,
+  // loaded as train() loads it (weights, optimizer and trainer state); nothing is trained or written.
+  std::optional<std::string> check();
   // Replaces the weights by those of a checkpoint or model directory.
   void load_weights(const std::string& dir);
 

@@ -58,8 +58,18 @@ TEST(Generate, SamplingFollowsTheCutDistribution) {
   options.temperature = 0.5;
   f = frequencies(options, kDraws);
   EXPECT_NEAR(f[1], 0.25 / (0.25 + 0.09 + 0.0225 + 0.0025), 0.015);
-  // The same (seed, row, step) draws the same token.
+  // The same (seed, row, step) draws the same token: a prompt draws alike in any batch, given its
+  // index among all prompts.
   EXPECT_EQ(pick_tokens(logits(), options, 123), pick_tokens(logits(), options, 123));
+  const at::Tensor batch = at::cat({logits(), logits(), logits()});
+  for (int64_t step = 0; step < 50; ++step) {
+    SamplingOptions alone = options;
+    const std::vector<int64_t> together = pick_tokens(batch, options, step);
+    for (int64_t r = 0; r < 3; ++r) {
+      alone.first_row = static_cast<uint64_t>(r);
+      EXPECT_EQ(pick_tokens(logits(), alone, step)[0], together[static_cast<size_t>(r)]) << step << " " << r;
+    }
+  }
 }
 
 TEST(Generate, RightPaddedRowsMoveLeft) {

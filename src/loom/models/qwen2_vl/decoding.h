@@ -24,6 +24,8 @@ class Qwen2VLDecoder {
 
  private:
   at::Tensor last_logits(const at::Tensor& hidden) const;
+  // One pass of the layers over the cache; the cache is emptied when it throws.
+  at::Tensor run(const VisionLanguageInputs& in);
 
   const Qwen2VLForConditionalGeneration* model_;
   KVCache cache_;

@@ -42,7 +42,9 @@ struct Qwen2VLContext : core::Context {
   at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
   std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
   parallel::SequenceChunks text_chunks;
-  CachedPass cached;  // decoding: cached.cache set, the language layers read and extend it
+  // Decoding: cached.cache set, the language layers read and extend it (so a context with a cache
+  // is run once: a second run would append its tokens again).
+  CachedPass cached;
 
   bool has_images() const { return pixel_values.defined(); }
   bool has_text() const { return input_ids.defined(); }

@@ -4,9 +4,11 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <numeric>
 
 #include "loom/models/qwen2_vl/decoding.h"
+#include "loom/tasks/vlm_sft/job_data.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
@@ -27,7 +29,8 @@ int64_t sample_row(const at::Tensor& logits, const SamplingOptions& options, dou
   const int64_t vocab = scaled.size(0);
   const int64_t k = options.top_k > 0 ? std::min(options.top_k, vocab) : vocab;
   const auto [values, indices] = scaled.topk(k);  // descending
-  const at::Tensor probs = at::softmax(values, 0).contiguous();
+  const at::Tensor probs = at::softmax(values, 0).cpu().contiguous();
+  const at::Tensor ids = indices.cpu().contiguous();
   const double* p = probs.data_ptr<double>();
   int64_t kept = 0;
   double mass = 0;
@@ -35,9 +38,9 @@ int64_t sample_row(const at::Tensor& logits, const SamplingOptions& options, dou
   double target = u * mass, cumulative = 0;
   for (int64_t i = 0; i < kept; ++i) {
     cumulative += p[i];
-    if (target < cumulative) return indices[i].item<int64_t>();
+    if (target < cumulative) return ids.data_ptr<int64_t>()[i];
   }
-  return indices[kept - 1].item<int64_t>();
+  return ids.data_ptr<int64_t>()[kept - 1];
 }
 
 }  // namespace
@@ -56,15 +59,20 @@ std::vector<int64_t> pick_tokens(const at::Tensor& logits, const SamplingOptions
   const int64_t rows = logits.size(0);
   std::vector<int64_t> out(static_cast<size_t>(rows));
   if (options.temperature == 0) {
-    const at::Tensor best = logits.argmax(-1).contiguous();
+    const at::Tensor best = logits.argmax(-1).cpu().contiguous();
     std::copy_n(best.data_ptr<int64_t>(), rows, out.begin());
     return out;
   }
   for (int64_t r = 0; r < rows; ++r) {
-    CounterRng rng(options.seed, kSamplingStream + static_cast<uint64_t>(r), static_cast<uint64_t>(step));
+    CounterRng rng(options.seed, kSamplingStream + options.first_row + static_cast<uint64_t>(r),
+                   static_cast<uint64_t>(step));
     out[static_cast<size_t>(r)] = sample_row(logits[r], options, uniform(rng.next()));
   }
   return out;
+}
+
+GenerationTokens generation_tokens(const data::Tokenizer& tokenizer) {
+  return {padding_id(tokenizer), stop_ids(tokenizer), tokenizer.vocab_size()};
 }
 
 models::VisionLanguageInputs left_padded(const data::Batch& batch, int64_t pad_id) {
@@ -87,16 +95,25 @@ models::VisionLanguageInputs left_padded(const data::Batch& batch, int64_t pad_i
 }
 
 Generated generate(const models::Qwen2VLForConditionalGeneration& model, const data::Batch& prompts,
-                   int64_t pad_id, const std::vector<int64_t>& stop_ids, const SamplingOptions& options,
+                   const GenerationTokens& tokens, const SamplingOptions& options,
                    const std::function<void(int64_t row, int64_t token)>& on_token) {
   check_sampling(options);
+  const int64_t pad_id = tokens.pad;
+  const std::vector<int64_t>& stop_ids = tokens.stops;
+  // Ids past the tokenizer's (a padded vocabulary) are never chosen: they decode to nothing.
+  const auto usable = [&tokens](at::Tensor logits) {
+    if (tokens.vocab > 0 && tokens.vocab < logits.size(-1))
+      logits.narrow(-1, tokens.vocab, logits.size(-1) - tokens.vocab)
+          .fill_(-std::numeric_limits<float>::infinity());
+    return logits;
+  };
   at::NoGradGuard no_grad;
   const int64_t rows = prompts.input_ids.size(0);
   Generated out;
   out.tokens.resize(static_cast<size_t>(rows));
   out.finished.assign(static_cast<size_t>(rows), false);
   models::Qwen2VLDecoder decoder(model);
-  at::Tensor logits = decoder.prefill(left_padded(prompts, pad_id));
+  at::Tensor logits = usable(decoder.prefill(left_padded(prompts, pad_id)));
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const std::vector<int64_t> picked = pick_tokens(logits, options, step);
     bool all_done = true;
@@ -117,7 +134,7 @@ Generated generate(const models::Qwen2VLForConditionalGeneration& model, const d
       all_done = false;
     }
     if (all_done || step + 1 == options.max_new_tokens) break;
-    logits = decoder.step(at::tensor(fed, at::kLong));
+    logits = usable(decoder.step(at::tensor(fed, at::kLong)));
   }
   return out;
 }

@@ -49,17 +49,36 @@ std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
     const fs::path path = dir / name;
     if (!fs::is_regular_file(path)) continue;
     const nlohmann::json json = read_json(path);
-    if (json.contains("chat_template") && json["chat_template"].is_string())
-      return {json["chat_template"].get<std::string>(), path.string()};
+    if (!json.contains("chat_template")) continue;
+    const nlohmann::json& given = json["chat_template"];
+    if (given.is_string()) return {given.get<std::string>(), path.string()};
+    // Several named templates, as some tokenizer_config.json files hold them: the default one.
+    if (given.is_array())
+      for (const auto& named : given)
+        if (named.is_object() && named.value("name", "") == "default" && named.contains("template") &&
+            named["template"].is_string())
+          return {named["template"].get<std::string>(), path.string()};
+    throw DataError(fmt::format(
+        "{}: chat_template is neither a string nor a list holding one named 'default'", path.string()));
   }
   return {};
 }
 
+// The image file, decoded; DataError naming `source` (the prompt) too.
+data::Image read_image(const std::string& path, const std::string& source) {
+  try {
+    return data::decode_image_file(path);
+  } catch (const DataError& e) {
+    throw DataError(fmt::format("{}: {}", source, e.what()));
+  }
+}
+
 std::vector<data::VisionInput> processed_images(const std::vector<std::string>& paths,
-                                                const data::Qwen2VLImageOptions& options) {
+                                                const data::Qwen2VLImageOptions& options,
+                                                const std::string& source) {
   std::vector<data::VisionInput> out;
   for (const std::string& path : paths)
-    out.push_back(data::qwen2vl_process_image(data::decode_image_file(path), options));
+    out.push_back(data::qwen2vl_process_image(read_image(path, source), options));
   return out;
 }
 
@@ -152,7 +171,7 @@ data::TokenizedExample ChatPrompts::prompt(std::vector<data::Message> messages,
     const std::string placeholder = data::kImagePlaceholder;
     question.erase(question.find(placeholder), placeholder.size());
     data::VqaSample sample;
-    sample.image = data::decode_image_file(images[0]);
+    sample.image = read_image(images[0], source);
     sample.question = question;
     return data::build_vqa_example(static_cast<const data::WordTokenizer&>(*tokenizer_), sample, image_,
                                    /*with_answer=*/false);
@@ -162,7 +181,7 @@ data::TokenizedExample ChatPrompts::prompt(std::vector<data::Message> messages,
   conversation.messages.push_back({data::Role::assistant, ""});  // the answer to come: left out
   conversation.images = images;
   conversation.source = source;
-  data::ConversationExample built = template_->apply(conversation, processed_images(images, image_));
+  data::ConversationExample built = template_->apply(conversation, processed_images(images, image_, source));
   data::TokenizedExample ex = built.to_tokenized_example();
   ex.question = conversation.messages[conversation.messages.size() - 2].content;
   return ex;

@@ -207,7 +207,7 @@ core::Evaluation VlmSftTask::evaluate() {
   const auto& tokenizer = data_->tokenizer();
   SamplingOptions greedy;
   greedy.max_new_tokens = data_section_.eval_max_new_tokens;
-  const std::vector<int64_t> stops = stop_ids(tokenizer);
+  const GenerationTokens special = generation_tokens(tokenizer);
   // Batches are dealt round-robin to the data-parallel ranks (the ranks of a tensor-parallel
   // group decode the same batch together); each scored answer keeps its position in the held-out
   // set so the gathered result is in eval order on every rank.
@@ -223,7 +223,7 @@ core::Evaluation VlmSftTask::evaluate() {
     if (index % ranks != rank) continue;
     const int64_t end = std::min(begin + kBatch, data_->eval_samples());
     const data::Batch batch = data_->eval_prompts(begin, end);
-    const Generated answers = generate(*model_, batch, padding_id(tokenizer), stops, greedy);
+    const Generated answers = generate(*model_, batch, special, greedy);
     for (size_t r = 0; r < answers.tokens.size(); ++r) {
       const std::string predicted = tokenizer.decode(answers.tokens[r]);
       const bool finished = answers.finished[r];
