@@ -2,7 +2,8 @@
 
 #include <fcntl.h>  // AT_FDCWD
 #include <fmt/format.h>
-#include <stdio.h>  // renameat2, RENAME_EXCHANGE
+#include <signal.h>  // kill
+#include <stdio.h>   // renameat2, RENAME_EXCHANGE
 #include <unistd.h>
 
 #include <algorithm>
@@ -23,6 +24,7 @@ namespace fs = std::filesystem;
 namespace {
 
 constexpr const char* kTempPrefix = ".tmp-";
+constexpr const char* kDeletePrefix = ".tmp-delete-";  // a pruned checkpoint, being removed
 constexpr const char* kStepPrefix = "step-";
 constexpr size_t kStepDigits = 8;
 
@@ -94,6 +96,9 @@ bool exchange_paths(const fs::path& a, const fs::path& b) {
   return false;
 #endif
 }
+
+// False only when no process has this pid (one of another user still counts as alive).
+bool process_alive(long pid) { return ::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH; }
 
 void rename_path(const fs::path& from, const fs::path& to) {
   if (::rename(from.c_str(), to.c_str()) != 0) {
@@ -207,20 +212,32 @@ std::string resolve_model_directory(const std::string& path) {
 void prune_checkpoints(const std::string& root, int keep_last) {
   std::error_code error;
   if (!fs::is_directory(root, error)) return;
+  const long own_pid = static_cast<long>(::getpid());
+  // Old checkpoints first leave their `step-*` name in one rename, so a crash while their files are
+  // removed leaves a `.tmp-delete-*` directory, never a partial checkpoint that resume would pick.
   const std::vector<std::string> all = list_checkpoints(root);
   if (keep_last > 0 && all.size() > static_cast<size_t>(keep_last)) {
-    for (size_t i = 0; i + keep_last < all.size(); ++i) remove_tree_or_throw(all[i]);
+    for (size_t i = 0; i + keep_last < all.size(); ++i) {
+      const fs::path from(all[i]);
+      const fs::path to =
+          from.parent_path() / fmt::format("{}{}-{}", kDeletePrefix, from.filename().string(), own_pid);
+      remove_tree_or_throw(to);  // a leftover of an earlier process with this pid
+      rename_path(from, to);
+    }
+    fsync_directory(root);
   }
-  // Staging directories of this process may be in use; any other is a crashed attempt.
-  const long own_pid = static_cast<long>(::getpid());
-  std::vector<fs::path> stale;
+  // This process's deletions, and the staging directories of processes that have ended. Its other
+  // staging directories may be in use, and so may a live process's (say a loom export into this
+  // directory): those are left for a later run.
+  std::vector<fs::path> doomed;
   for (const fs::directory_entry& entry : open_directory(root)) {
     const std::string name = entry.path().filename().string();
-    if (name.rfind(kTempPrefix, 0) == 0 && entry.is_directory() && staging_pid(name) != own_pid) {
-      stale.push_back(entry.path());
-    }
+    if (name.rfind(kTempPrefix, 0) != 0 || !entry.is_directory()) continue;
+    const long pid = staging_pid(name);
+    const bool own_deletion = pid == own_pid && name.rfind(kDeletePrefix, 0) == 0;
+    if (own_deletion || (pid > 0 && pid != own_pid && !process_alive(pid))) doomed.push_back(entry.path());
   }
-  for (const fs::path& path : stale) remove_tree_or_throw(path);
+  for (const fs::path& path : doomed) remove_tree_or_throw(path);
   fsync_directory(root);
 }
 

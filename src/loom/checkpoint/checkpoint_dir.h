@@ -44,8 +44,14 @@ std::optional<std::string> latest_checkpoint(const std::string& root);
 // `path` itself when it holds a config.json (a checkpoint or model directory), else the newest
 // checkpoint of the run directory `path`; CheckpointError when it is neither.
 std::string resolve_model_directory(const std::string& path);
-// Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all) and the `.tmp-*`
-// directories other processes left behind; entries of any other name are left alone.
+// Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all), each first renamed
+// to `.tmp-delete-<name>-<pid>` so that a crash mid-way never leaves a partial `step-*`. Of the
+// `.tmp-*-<pid>` directories (every staging name ends in its process's pid) it removes this
+// process's deletions and those of processes that have ended (a crashed attempt); this process's
+// other ones may be in use and a live process's may be its write in progress, so they stay, as
+// does a dead process's whose pid a new process has taken, until a later prune. The trainer prunes
+// only while it holds the run directory's lock (run_lock.h). Entries of any other name are left
+// alone.
 void prune_checkpoints(const std::string& root, int keep_last);
 
 // Replaces `path` with `text` durably (temporary file + fsync + rename + fsync of the directory).

@@ -1,12 +1,16 @@
 #include "loom/train/metrics.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <system_error>
 #include <vector>
 
+#include "loom/checkpoint/durable_file.h"
 #include "loom/util/errors.h"
 
 namespace loom::train {
@@ -16,11 +20,13 @@ namespace fs = std::filesystem;
 namespace {
 
 // Rewrites `path` keeping the lines whose "step" is <= resume_step. Lines that do not parse (a
-// write cut short by a crash) are dropped; lines without a numeric "step" are kept.
+// write cut short by a crash) are dropped; lines without a numeric "step" are kept. The new file
+// replaces the old one only once it is whole on disk; on any failure the old one stays as it was.
 void truncate_after(const fs::path& path, int64_t resume_step) {
   std::ifstream in(path);
-  if (!in) return;
-  std::vector<std::string> kept;
+  if (!in)
+    throw ConfigError(fmt::format("metrics log: cannot read {}: {}", path.string(), std::strerror(errno)));
+  std::string kept;
   std::string line;
   while (std::getline(in, line)) {
     if (line.empty()) continue;
@@ -29,16 +35,20 @@ void truncate_after(const fs::path& path, int64_t resume_step) {
     const auto step = record.is_object() ? record.find("step") : record.end();
     if (record.is_object() && step != record.end() && step->is_number() && step->get<double>() > resume_step)
       continue;
-    kept.push_back(line);
+    kept += line;
+    kept += '\n';
   }
+  if (in.bad()) throw ConfigError(fmt::format("metrics log: cannot read {}", path.string()));
   in.close();
-  const fs::path tmp = path.string() + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    for (const auto& l : kept) out << l << '\n';
-    if (!out) throw ConfigError(fmt::format("metrics log: cannot write {}", tmp.string()));
+  try {
+    checkpoint::DurableFileWriter out(path.string());  // write, fsync, close, rename: each checked
+    out.write(kept.data(), kept.size());
+    out.commit();
+  } catch (const CheckpointError& e) {
+    throw ConfigError(
+        fmt::format("metrics log: cannot rewrite {} for the resume at step {} (left as it was): {}",
+                    path.string(), resume_step, e.what()));
   }
-  fs::rename(tmp, path);
 }
 
 bool ends_without_newline(const fs::path& path) {
@@ -60,16 +70,39 @@ MetricsLog::MetricsLog(const fs::path& output_dir, std::optional<int64_t> resume
         fmt::format("metrics log: cannot create output_dir {}: {}", output_dir.string(), ec.message()));
   if (resume_step && fs::exists(path_)) truncate_after(path_, *resume_step);
   const bool needs_newline = ends_without_newline(path_);
-  out_.open(path_, std::ios::app);
-  if (!out_) throw ConfigError(fmt::format("metrics log: cannot open {} for appending", path_.string()));
-  if (needs_newline) out_ << '\n';  // end a line cut short, so the next record starts on its own line
-  if (tensorboard_dir) tensorboard_.emplace(*tensorboard_dir);
+  fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (fd_ < 0)
+    throw ConfigError(
+        fmt::format("metrics log: cannot open {} for appending: {}", path_.string(), std::strerror(errno)));
+  try {
+    if (needs_newline) append("\n");  // end a line cut short, so the next record starts on its own line
+    if (tensorboard_dir) tensorboard_.emplace(*tensorboard_dir);
+  } catch (...) {
+    ::close(fd_);  // no destructor runs for a constructor that throws
+    throw;
+  }
+}
+
+MetricsLog::~MetricsLog() {
+  if (fd_ >= 0) ::close(fd_);  // every line went out in its own write(): nothing is left to flush
+}
+
+void MetricsLog::append(const std::string& text) {
+  const char* bytes = text.data();
+  size_t size = text.size();
+  while (size > 0) {
+    const ssize_t written = ::write(fd_, bytes, size);
+    if (written < 0 && errno == EINTR) continue;
+    if (written < 0)
+      throw ConfigError(
+          fmt::format("metrics log: cannot append to {}: {}", path_.string(), std::strerror(errno)));
+    bytes += written;
+    size -= static_cast<size_t>(written);
+  }
 }
 
 void MetricsLog::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
-  out_.flush();
-  if (!out_) throw ConfigError(fmt::format("metrics log: write to {} failed", path_.string()));
+  append(record.dump() + '\n');
   if (tensorboard_) tensorboard_->write(record);
 }
 

@@ -17,13 +17,19 @@ class MetricsLog {
  public:
   // Opens <output_dir>/metrics.jsonl for appending (creating the folder). With `resume_step`, the
   // file is first rewritten keeping only lines whose "step" is <= resume_step (and lines without a
-  // "step"), so steps re-run after a resume are not logged twice. With `tensorboard_dir`, every
-  // record also goes to a new TensorBoard event file in that folder (TensorBoardWriter).
+  // "step"), so steps re-run after a resume are not logged twice; the rewrite replaces the file
+  // durably (checkpoint::DurableFileWriter), and when any part of it fails the old file stays and a
+  // ConfigError names it and the OS reason. With `tensorboard_dir`, every record also goes to a
+  // new TensorBoard event file in that folder (TensorBoardWriter).
   explicit MetricsLog(const std::filesystem::path& output_dir,
                       std::optional<int64_t> resume_step = std::nullopt,
                       const std::optional<std::filesystem::path>& tensorboard_dir = std::nullopt);
+  ~MetricsLog();
+  MetricsLog(const MetricsLog&) = delete;
+  MetricsLog& operator=(const MetricsLog&) = delete;
 
-  // Appends `record` (a JSON object) as one line and flushes it, and writes it to the event file.
+  // Appends `record` (a JSON object) as one line, unbuffered, and writes it to the event file; a
+  // failed write is a ConfigError naming the file and the OS reason.
   void write(const nlohmann::json& record);
 
   const std::filesystem::path& path() const { return path_; }
@@ -31,8 +37,10 @@ class MetricsLog {
   std::optional<std::filesystem::path> tensorboard_path() const;
 
  private:
+  void append(const std::string& text);
+
   std::filesystem::path path_;
-  std::ofstream out_;
+  int fd_ = -1;  // metrics.jsonl, opened O_APPEND
   std::optional<TensorBoardWriter> tensorboard_;
 };
 

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/checkpoint/run_lock.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/data/loader.h"
 #include "loom/models/weights.h"
@@ -189,8 +190,26 @@ void Trainer::dump_gradients() const {
   spdlog::info("wrote the gradients of step {} to {}", step_ + 1, path);
 }
 
+std::optional<checkpoint::RunDirectoryLock> Trainer::lock_output_dir() const {
+  std::optional<checkpoint::RunDirectoryLock> lock;
+  std::string refusal;
+  if (parts_.layout.is_main()) {
+    try {
+      lock.emplace(job_.training.output_dir);
+    } catch (const CheckpointError& e) {
+      refusal = fmt::format("training.output_dir: {}", e.what());
+    }
+  }
+  // Every rank learns rank 0's outcome, so a refused run ends on every rank with the same line.
+  if (parts_.layout.world) refusal = parts_.layout.world->all_gather(refusal).front();
+  if (!refusal.empty()) throw ConfigError(refusal);
+  return lock;
+}
+
 std::optional<core::Evaluation> Trainer::train() {
   const auto& t = job_.training;
+  // Before choosing the checkpoint to resume from: another trainer may be writing the next one.
+  const std::optional<checkpoint::RunDirectoryLock> lock = lock_output_dir();
   if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
   fs::create_directories(t.output_dir);

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/checkpoint/run_lock.h"
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
 #include "loom/core/model.h"
@@ -47,6 +48,8 @@ class Trainer {
 
   // Trains to training.steps (resuming per training.resume), evaluating and saving on schedule.
   // Returns the final evaluation, or nothing when training.exit_interval stopped the run early.
+  // Rank 0 holds training.output_dir's lock (checkpoint/run_lock.h) while it runs; a second
+  // trainer on that directory is refused with a ConfigError on every rank (one all-gather).
   std::optional<core::Evaluation> train();
   // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
   // metrics or evaluation; nothing is written) and measures the last `steps` (bench.cpp).
@@ -75,6 +78,8 @@ class Trainer {
   void dump_gradients() const;  // tools.dump_gradients
   void resume_from(const std::string& dir);
   std::optional<std::string> resume_directory() const;
+  // training.output_dir's lock on rank 0, nothing on the others; every rank throws rank 0's refusal.
+  std::optional<checkpoint::RunDirectoryLock> lock_output_dir() const;
   void log_eval(const core::Evaluation& result, MetricsLog* metrics);  // metrics line and console
   // Element-wise sums over the data-parallel ranks (the values themselves for one process).
   std::vector<double> sum_over_ranks(std::vector<double> values) const;

@@ -1,11 +1,15 @@
 #include "loom/train/metrics.h"
 
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <string>
+#include <vector>
 
+#include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
 
 namespace loom::train {
@@ -83,6 +87,59 @@ TEST(MetricsLog, AppendAfterCutLineStartsANewLine) {
   const auto lines = read_lines(dir / "metrics.jsonl");
   ASSERT_EQ(lines.size(), 3u);
   EXPECT_EQ(lines[2], R"({"step":2})");
+}
+
+std::string read_file(const fs::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// Runs `body`, expecting a ConfigError whose message contains every one of `parts`.
+template <typename Body>
+void expect_config_error(Body body, const std::vector<std::string>& parts) {
+  try {
+    body();
+    ADD_FAILURE() << "expected a ConfigError mentioning '" << parts.front() << "'";
+  } catch (const ConfigError& e) {
+    for (const std::string& part : parts)
+      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
+          << "'" << e.what() << "' lacks '" << part << "'";
+  }
+}
+
+// A full disk without one: writes to /dev/full fail with ENOSPC. The rewrite writes its new file
+// at DurableFileWriter's temporary path, here a link to /dev/full.
+TEST(MetricsLog, RewriteThatCannotBeWrittenKeepsTheOldFile) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = scratch_dir("rewrite-full");
+  {
+    MetricsLog log(dir);
+    for (int step = 1; step <= 5; ++step) log.write({{"step", step}, {"loss", 1.0 / step}});
+  }
+  const fs::path path = dir / "metrics.jsonl";
+  const std::string before = read_file(path);
+  const fs::path temporary = dir / fmt::format(".metrics.jsonl.tmp-{}", ::getpid());
+  fs::create_symlink("/dev/full", temporary);
+  expect_config_error([&] { MetricsLog log(dir, 3); },
+                      {"cannot rewrite " + path.string(), "left as it was", "No space left on device"});
+  EXPECT_EQ(read_file(path), before);
+  EXPECT_FALSE(fs::exists(fs::symlink_status(temporary)));  // the link is gone, /dev/full stays
+  EXPECT_TRUE(fs::exists("/dev/full"));
+  MetricsLog(dir, 3).write({{"step", 4}});  // with room, the same resume goes through
+  EXPECT_EQ(read_lines(path).size(), 4u);
+}
+
+TEST(MetricsLog, AFailedAppendIsAnError) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full";
+  const fs::path dir = scratch_dir("append-full");
+  fs::create_directories(dir);
+  fs::create_symlink("/dev/full", dir / "metrics.jsonl");
+  MetricsLog log(dir);
+  expect_config_error(
+      [&] {
+        log.write({{"step", 1}, {"loss", 2.5}});
+      },
+      {"cannot append to " + (dir / "metrics.jsonl").string(), "No space left on device"});
 }
 
 TEST(Format, Duration) {

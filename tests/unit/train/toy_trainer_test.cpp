@@ -4,15 +4,18 @@
 // one-process run's losses to 1e-6 (absolute; the
 // summation order over ranks differs, so the last bits do).
 #include <gtest/gtest.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "loom/checkpoint/run_lock.h"
 #include "loom/dist/launch_env.h"
 #include "loom/models/weights.h"
 #include "loom/train/trainer.h"
+#include "loom/util/errors.h"
 #include "toy_task.h"
 
 namespace loom::train {
@@ -82,6 +85,29 @@ TEST(ToyTask, TrainsThroughTheTrainerInOneProcess) {
   EXPECT_TRUE(fs::exists(dir + "/step-00000030/model.safetensors"));
   EXPECT_EQ(nlohmann::json::parse(std::ifstream(dir + "/step-00000030/config.json"))["model_type"],
             "loom_toy_mlp");
+}
+
+TEST(ToyTask, TrainerRefusesARunDirectoryInUse) {
+  const std::string dir = scratch_dir("loom-toy-in-use");
+  const checkpoint::RunDirectoryLock other(dir);  // as another loom train on this directory would
+  const config::JobConfig job = toy_job(dir, 0);
+  core::Layout layout = core::make_layout(job, nullptr);
+  auto model = std::make_shared<testing::ToyMlp>();
+  auto task = std::make_shared<testing::ToyRegression>(model, layout, job.training.global_batch_size,
+                                                       job.training.micro_batch_size);
+  Trainer trainer(job, JobParts{layout, model, task});
+  try {
+    trainer.train();
+    ADD_FAILURE() << "expected a ConfigError";
+  } catch (const ConfigError& e) {
+    EXPECT_EQ(std::string(e.what()),
+              fmt::format("training.output_dir: {} is in use by another loom train (pid {}); wait for it to "
+                          "end or choose another output directory",
+                          dir, ::getpid()));
+  }
+  EXPECT_EQ(trainer.step(), 0);
+  EXPECT_FALSE(fs::exists(dir + "/metrics.jsonl"));  // refused before writing anything
+  EXPECT_FALSE(fs::exists(dir + "/job.yaml"));
 }
 
 TEST(ToyTaskUnderLoomRun, DataParallelZero1AndFsdpGiveTheOneProcessLosses) {
