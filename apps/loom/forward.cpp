@@ -62,7 +62,8 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
   models::validate_layout(job, config, launch.world_size);
   std::shared_ptr<dist::Comm> world;
   if (launch.world_size > 1)
-    world = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
+    world = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s),
+                                std::chrono::seconds(job.parallel.heartbeat_timeout_s));
   const core::Layout layout = core::make_layout(job, std::move(world));
   parallel::ParamOptions model_options;
   model_options.tp = {layout.tp, job.parallel.sequence_parallel};

@@ -4,6 +4,7 @@
 #include <dlfcn.h>
 #include <malloc.h>
 #include <sched.h>
+#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,17 +75,21 @@ void set_blas_threads(int threads) {
 // OpenMP's own default is not used: on the 2-core machine libgomp offered 1 thread, so a default job
 // left a core idle.
 void use_threads(int64_t configured, int64_t local_processes) {
-  int threads = static_cast<int>(configured);
-  if (threads <= 0) {
-    cpu_set_t cpus;
-    CPU_ZERO(&cpus);
-    const int available = sched_getaffinity(0, sizeof(cpus), &cpus) == 0
-                              ? CPU_COUNT(&cpus)
-                              : static_cast<int>(sysconf(_SC_NPROCESSORS_ONLN));
-    threads = std::max(1, available / static_cast<int>(std::max<int64_t>(local_processes, 1)));
+  cpu_set_t cpus;
+  CPU_ZERO(&cpus);
+  const int64_t available = std::max<int64_t>(
+      1, sched_getaffinity(0, sizeof(cpus), &cpus) == 0 ? CPU_COUNT(&cpus) : sysconf(_SC_NPROCESSORS_ONLN));
+  int64_t threads = configured;
+  if (threads <= 0) threads = std::max<int64_t>(1, available / std::max<int64_t>(local_processes, 1));
+  // Far more threads than cores only contend (and a million of them took minutes to create).
+  const int64_t most = kThreadsPerCore * available;
+  if (threads > most) {
+    spdlog::warn("training.threads: {} is more than {} x the {} cores this process may run on; using {}",
+                 threads, kThreadsPerCore, available, most);
+    threads = most;
   }
-  at::set_num_threads(threads);
-  set_blas_threads(threads);
+  at::set_num_threads(static_cast<int>(threads));
+  set_blas_threads(static_cast<int>(threads));
 }
 
 }  // namespace loom::cli

@@ -20,7 +20,9 @@ void keep_freed_memory();
 void set_blas_threads(int threads);
 
 // training.threads, or for 0 this process's share of the cores it may run on (the processes
-// `loom run` started on this node split them), for ATen and OpenBLAS.
+// `loom run` started on this node split them), for ATen and OpenBLAS; at most kThreadsPerCore x
+// those cores (more is used as that many, with a warning).
 void use_threads(int64_t configured, int64_t local_processes);
+constexpr int64_t kThreadsPerCore = 4;
 
 }  // namespace loom::cli

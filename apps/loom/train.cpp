@@ -39,7 +39,8 @@ int with_trainer(const JobArguments& arguments, const std::function<void(train::
   std::shared_ptr<dist::Comm> comm;
   if (launch.world_size > 1) {
     tasks::validate_layout(job, launch.world_size);
-    comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s));
+    comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s),
+                               std::chrono::seconds(job.parallel.heartbeat_timeout_s));
     if (launch.rank != 0) configure_logging("warn");  // rank 0 reports; the others only warn
   }
   train::Trainer trainer(job, comm);

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "loom/checkpoint/durable_file.h"
+#include "loom/checkpoint/trainer_state.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
 
@@ -203,13 +204,13 @@ std::optional<std::string> latest_checkpoint(const std::string& root) {
 
 std::string resolve_model_directory(const std::string& path) {
   if (fs::is_regular_file(fs::path(path) / "config.json")) return path;
-  if (auto newest = latest_checkpoint(path)) return *newest;
+  if (auto newest = latest_complete_checkpoint(path)) return *newest;
   throw CheckpointError(fmt::format(
       "{}: neither a model or checkpoint directory (no config.json) nor a run directory with checkpoints",
       path));
 }
 
-void prune_checkpoints(const std::string& root, int keep_last) {
+void prune_checkpoints(const std::string& root, int64_t keep_last) {
   std::error_code error;
   if (!fs::is_directory(root, error)) return;
   const long own_pid = static_cast<long>(::getpid());

@@ -42,7 +42,8 @@ int64_t checkpoint_step(const std::string& dir);
 std::vector<std::string> list_checkpoints(const std::string& root);
 std::optional<std::string> latest_checkpoint(const std::string& root);
 // `path` itself when it holds a config.json (a checkpoint or model directory), else the newest
-// checkpoint of the run directory `path`; CheckpointError when it is neither.
+// complete checkpoint of the run directory `path` (trainer_state.h); CheckpointError when it is
+// neither.
 std::string resolve_model_directory(const std::string& path);
 // Removes all but the newest `keep_last` checkpoints (keep_last <= 0 keeps all), each first renamed
 // to `.tmp-delete-<name>-<pid>` so that a crash mid-way never leaves a partial `step-*`. Of the
@@ -52,7 +53,7 @@ std::string resolve_model_directory(const std::string& path);
 // does a dead process's whose pid a new process has taken, until a later prune. The trainer prunes
 // only while it holds the run directory's lock (run_lock.h). Entries of any other name are left
 // alone.
-void prune_checkpoints(const std::string& root, int keep_last);
+void prune_checkpoints(const std::string& root, int64_t keep_last);
 
 // Replaces `path` with `text` durably (temporary file + fsync + rename + fsync of the directory).
 void write_text_file_durable(const std::string& path, const std::string& text);

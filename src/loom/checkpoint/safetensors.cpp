@@ -81,6 +81,11 @@ std::string safetensors_dtype_name(at::ScalarType dtype) {
                                     c10::toString(dtype), known_dtype_list()));
 }
 
+bool loadable_as(at::ScalarType stored, at::ScalarType target) {
+  return at::isFloatingType(stored) == at::isFloatingType(target) &&
+         at::isComplexType(stored) == at::isComplexType(target);
+}
+
 bool is_safetensors_dtype(at::ScalarType dtype) {
   for (const DtypeName& d : kDtypes) {
     if (d.dtype == dtype) return true;

@@ -65,6 +65,11 @@ class SafetensorsReader {
 void save_safetensors(const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
                       const std::map<std::string, std::string>& metadata = {});
 
+// Whether a tensor stored as `stored` may be copied into one of `target`: floating point into floating
+// point (the model's precision decides the width) and integers (or bool) into integers, never across:
+// the numbers would be of another kind (a float tensor mislabelled I32 would load as huge integers).
+bool loadable_as(at::ScalarType stored, at::ScalarType target);
+
 // The weights of a HuggingFace model directory: `model.safetensors` if present (as transformers
 // prefers it), else `model.safetensors.index.json`, whose `weight_map` sends each name to a shard.
 class WeightSource {

@@ -10,6 +10,7 @@
 
 #include "loom/config/yaml_tree.h"
 #include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
 
 namespace loom::config {
 namespace {
@@ -254,6 +255,10 @@ class KeyReader {
     if (value < a.min) r_.fail(name, fmt::format("must be >= {}, got {}", a.min, value));
   }
   template <class T, class U>
+  void check(const char* name, const T& value, const key::AtMost<U>& a, const std::string&) const {
+    if (value > a.max) r_.fail(name, fmt::format("must be <= {}, got {}", a.max, value));
+  }
+  template <class T, class U>
   void check(const char* name, const T& value, const key::Above<U>& a, const std::string&) const {
     if (!(value > a.bound)) r_.fail(name, fmt::format("must be > {}, got {}", a.bound, value));
   }
@@ -460,6 +465,9 @@ JobConfig parse_config(const std::string& yaml_text, const std::string& source,
 JobConfig load_config(const std::string& path, const std::vector<std::string>& overrides) {
   std::ifstream file(path, std::ios::binary);
   if (!file) throw ConfigError(fmt::format("{}: cannot open the config file", path));
+  // A directory opens as a stream too, and reads as an empty job.
+  if (const std::string why = unreadable_file_reason(path); !why.empty())
+    throw ConfigError(fmt::format("{}: cannot read the config file: it {}", path, why));
   std::ostringstream text;
   text << file.rdbuf();
   if (file.bad()) throw ConfigError(fmt::format("{}: cannot read the config file", path));

@@ -81,13 +81,16 @@ struct DataSection {
   bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
   int64_t shift = 0;        // fashion_mnist: move each training image by up to this many pixels
   // every dataset:
-  int64_t eval_samples = 1000;       // > 0
+  int64_t eval_samples = 1000;  // > 0, at most the held-out split (shapes_vqa: ShapesVqa::kMaxEvalSamples)
   int64_t eval_max_new_tokens = 64;  // > 0: the longest answer the evaluation decodes
   int64_t max_seq_len = 1024;        // > 0
   std::string overlong = "drop";     // drop | truncate | error: a training sample over max_seq_len
   bool packing = false;              // micro-batches as one padding-free row (cu_seqlens)
-  int64_t num_workers = 2;           // >= 0
-  int64_t prefetch = 4;              // >= 1
+  int64_t num_workers = 2;           // 0 to kMaxWorkers
+  int64_t prefetch = 4;              // 1 to kMaxPrefetch
+
+  // Bounds on counts that become threads, queue slots or allocations.
+  static constexpr int64_t kMaxWorkers = 256, kMaxPrefetch = 4096, kMaxSequence = int64_t{1} << 24;
 
   bool reads(ReadBy datasets) const;
 
@@ -104,18 +107,19 @@ struct DataSection {
     k("eval_datasets", &S::eval_datasets, ReadBy::messages);
     k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
     k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(1));
-    k("max_pixels", &S::max_pixels, ReadBy::messages);
+    k("max_pixels", &S::max_pixels, ReadBy::messages,
+      at_most(int64_t{89'478'485}));  // decode's kMaxImagePixels
     k("dir", &S::dir, ReadBy::built_in);
-    k("image_size", &S::image_size, ReadBy::built_in);
+    k("image_size", &S::image_size, ReadBy::built_in, at_most(int64_t{4032}));
     k("hflip", &S::hflip, ReadBy::fashion_mnist);
     k("shift", &S::shift, ReadBy::fashion_mnist, at_least(0));
     k("eval_samples", &S::eval_samples, at_least(1));
-    k("eval_max_new_tokens", &S::eval_max_new_tokens, at_least(1));
-    k("max_seq_len", &S::max_seq_len, at_least(1));
+    k("eval_max_new_tokens", &S::eval_max_new_tokens, at_least(1), at_most(kMaxSequence));
+    k("max_seq_len", &S::max_seq_len, at_least(1), at_most(kMaxSequence));
     k("overlong", &S::overlong, one_of({"drop", "truncate", "error"}));
     k("packing", &S::packing);
-    k("num_workers", &S::num_workers, at_least(0));
-    k("prefetch", &S::prefetch, at_least(1));
+    k("num_workers", &S::num_workers, at_least(0), at_most(kMaxWorkers));
+    k("prefetch", &S::prefetch, at_least(1), at_most(kMaxPrefetch));
   }
 };
 
@@ -126,11 +130,16 @@ struct ParallelSection {
   int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
   int64_t zero = 0;         // 0, 1 or 3
   int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
-  int64_t bucket_mb = 25;   // gradients are summed over the ranks in flat buckets of this size; >= 1
+  // Every rank fails this long after another rank's heartbeat stopped (a stopped or hung process),
+  // whatever collective it waits in; >= 3.
+  int64_t heartbeat_timeout_s = 60;
+  int64_t bucket_mb = 25;           // gradients are summed over the ranks in flat buckets of this size; >= 1
   bool overlap_grad_reduce = true;  // start each bucket's all-reduce during backward, once it is ready
   // zero=3 (FSDP): the blocks sharded as units of their own, as module paths whose parts may be {*}
   // (any index) or {a-b} (a range), e.g. model.layers.{*}; empty: every vision and LLM block.
   std::vector<std::string> fsdp_plan;
+
+  static constexpr int64_t kMaxTimeout = 7 * 24 * 3600;  // a week, in seconds: far from any overflow in ms
 
   template <class Keys>
   static void keys(Keys& k) {
@@ -144,8 +153,9 @@ struct ParallelSection {
     k("sequence_parallel", &S::sequence_parallel);
     k("vision_tp", &S::vision_tp);
     k("zero", &S::zero, one_of({0, 1, 3}));
-    k("timeout_s", &S::timeout_s, at_least(1));
-    k("bucket_mb", &S::bucket_mb, at_least(1));
+    k("timeout_s", &S::timeout_s, at_least(1), at_most(kMaxTimeout));
+    k("heartbeat_timeout_s", &S::heartbeat_timeout_s, at_least(3), at_most(kMaxTimeout));
+    k("bucket_mb", &S::bucket_mb, at_least(1), at_most(int64_t{1} << 20));
     k("overlap_grad_reduce", &S::overlap_grad_reduce);
     k("fsdp_plan", &S::fsdp_plan, no_empty_entry("module path"));
   }
@@ -185,14 +195,21 @@ struct TrainingSection {
   int64_t threads = 0;          // 0 = all cores
   double peak_tflops = 0.0;     // 0 = use the measured sgemm rate for MFU
   int64_t exit_interval = 0;    // > 0: save and exit at a step divisible by it (splits a run into jobs)
+  // A step whose loss or gradient norm is NaN or infinite stops training, unless this many such
+  // steps may be skipped (no update; counted and logged).
+  int64_t skip_nonfinite_steps = 0;
+
+  // Bounds on counts that become allocations or threads (the thread count is further held to a
+  // multiple of the machine's cores, with a warning).
+  static constexpr int64_t kMaxBatchSize = int64_t{1} << 20, kMaxThreads = 4096;
 
   template <class Keys>
   static void keys(Keys& k) {
     using namespace key;
     using S = TrainingSection;
     k("steps", &S::steps, required("the number of optimizer steps, an integer > 0"), at_least(1));
-    k("global_batch_size", &S::global_batch_size, at_least(1));
-    k("micro_batch_size", &S::micro_batch_size, at_least(1));
+    k("global_batch_size", &S::global_batch_size, at_least(1), at_most(kMaxBatchSize));
+    k("micro_batch_size", &S::micro_batch_size, at_least(1), at_most(kMaxBatchSize));
     k("lr", &S::lr, above(0.0));
     k("min_lr", &S::min_lr, at_least(0.0));
     k("warmup_steps", &S::warmup_steps, at_least(0));
@@ -209,12 +226,13 @@ struct TrainingSection {
     k("task", &S::task, one_of({"vlm_sft"}));
     k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
     k("save_every", &S::save_every, at_least(0));
-    k("keep_last", &S::keep_last, at_least(1));
+    k("keep_last", &S::keep_last, at_least(1), at_most(int64_t{1} << 30));
     k("eval_every", &S::eval_every, at_least(0));
     k("resume", &S::resume, not_empty("auto, none or a checkpoint directory"));
-    k("threads", &S::threads, at_least(0));
+    k("threads", &S::threads, at_least(0), at_most(kMaxThreads));
     k("peak_tflops", &S::peak_tflops, at_least(0.0));
     k("exit_interval", &S::exit_interval, at_least(0));
+    k("skip_nonfinite_steps", &S::skip_nonfinite_steps, at_least(0));
   }
 };
 

@@ -28,6 +28,10 @@ struct AtLeast {  // "must be >= min, got v"
   T min;
 };
 template <class T>
+struct AtMost {  // "must be <= max, got v": bounds a count before it is narrowed or allocated
+  T max;
+};
+template <class T>
 struct Above {  // "must be > bound, got v"
   T bound;
 };
@@ -59,6 +63,10 @@ inline Required required(const char* hint = nullptr) { return {hint}; }
 template <class T>
 AtLeast<T> at_least(T min) {
   return {min};
+}
+template <class T>
+AtMost<T> at_most(T max) {
+  return {max};
 }
 template <class T>
 Above<T> above(T bound) {

@@ -21,7 +21,24 @@ std::string join_key(const std::string& prefix, const std::string& key) {
   throw ConfigError(source + ": " + what);
 }
 
-YamlValue convert(const YAML::Node& node, const std::string& source, const std::string& path) {
+// The most values (scalars, lists and mappings) a job's YAML may expand to, aliases expanded, and the
+// deepest nesting: a job has a few hundred values, and aliases of aliases (an "alias bomb") expand
+// a few hundred bytes to billions.
+constexpr int64_t kMaxYamlValues = 100'000;
+constexpr int kMaxYamlDepth = 64;
+
+struct ConvertBudget {
+  int64_t values = 0;
+};
+
+YamlValue convert(const YAML::Node& node, const std::string& source, const std::string& path,
+                  ConvertBudget& budget, int depth) {
+  if (++budget.values > kMaxYamlValues)
+    fail(source, fmt::format("expands to more than {} values (aliases of aliases?); a job is far smaller",
+                             kMaxYamlValues));
+  if (depth > kMaxYamlDepth)
+    fail(source,
+         fmt::format("{}: nested more than {} levels deep", path.empty() ? "document" : path, kMaxYamlDepth));
   YamlValue value;
   value.source = source;
   switch (node.Type()) {
@@ -46,7 +63,7 @@ YamlValue convert(const YAML::Node& node, const std::string& source, const std::
     case YAML::NodeType::Sequence:
       value.kind = YamlValue::Kind::Sequence;
       for (size_t i = 0; i < node.size(); ++i)
-        value.items.push_back(convert(node[i], source, fmt::format("{}[{}]", path, i)));
+        value.items.push_back(convert(node[i], source, fmt::format("{}[{}]", path, i), budget, depth + 1));
       break;
     case YAML::NodeType::Map:
       value.kind = YamlValue::Kind::Mapping;
@@ -55,7 +72,7 @@ YamlValue convert(const YAML::Node& node, const std::string& source, const std::
           fail(source, fmt::format("{}: a key is not a plain name", path.empty() ? "document" : path));
         const std::string key = it->first.Scalar();
         if (value.find(key)) fail(source, fmt::format("duplicate key '{}'", join_key(path, key)));
-        value.entries.emplace_back(key, convert(it->second, source, join_key(path, key)));
+        value.entries.emplace_back(key, convert(it->second, source, join_key(path, key), budget, depth + 1));
       }
       break;
   }
@@ -108,7 +125,8 @@ YamlValue parse_yaml(const std::string& text, const std::string& source, const s
     null_value.source = source;
     return null_value;
   }
-  return convert(documents[0], source, key_prefix);
+  ConvertBudget budget;
+  return convert(documents[0], source, key_prefix, budget, 0);
 }
 
 void apply_override(YamlValue& root, const std::string& assignment) {

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <condition_variable>
@@ -36,21 +37,40 @@ constexpr auto kBeatWatch = std::chrono::seconds(6);
 // Every rank reads every counter each period: the store sees world^2 reads a period, so worlds
 // above this are not watched (their ranks report failed collectives without naming the lost one).
 constexpr int64_t kMaxWatchedWorld = 256;
+// Added to a rank's counter when its Comm ends in order (the job done, or an error it reports
+// itself): the others stop watching it.
+constexpr int64_t kEnded = int64_t{1} << 40;
 
 std::string beat_key(int64_t rank) { return fmt::format("loom/heartbeat/{}", rank); }
 
+// Writes the line loom's error handler would and ends the process at once: the main thread may be
+// blocked in a collective that nothing can interrupt. What a rank leaves behind is safe to cut
+// short (checkpoints commit by rename, metrics lines are single writes, the run lock is the
+// kernel's), as kill -9 is.
+[[noreturn]] void end_process(const std::string& message) {
+  const std::string line = "loom: error: " + message + "\n";
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, line.data(), line.size());
+  std::_Exit(1);
+}
+
 // From its own thread over its own store connection, once a period: bumps loom/heartbeat/<rank>
-// (so a rank blocked in a collective still beats, and only a lost process stops) and reads every
-// rank's counter, remembering when each last moved. After a failed collective the remembered
-// times name the lost ranks, even when the store's host (rank 0) has gone too by then.
+// (so a rank blocked in a collective still beats, and only a stopped or lost process stops) and
+// reads every rank's counter, remembering when each last moved. A second thread, the watchdog,
+// ends this process once another rank's counter has stood still for heartbeat_timeout (or the
+// store's host, rank 0, has not answered for that long), whatever collective this rank waits in.
+// After a failed collective the remembered times name the lost ranks, even when the store's host
+// has gone too by then.
 class Heartbeat {
  public:
   using Clock = std::chrono::steady_clock;
 
-  Heartbeat(const std::string& host, uint16_t port, int64_t rank, int64_t world, std::chrono::seconds timeout)
+  Heartbeat(const std::string& host, uint16_t port, int64_t rank, int64_t world, std::chrono::seconds timeout,
+            std::chrono::seconds heartbeat_timeout)
       : rank_(rank),
+        heartbeat_timeout_(heartbeat_timeout),
         last_moved_(static_cast<size_t>(world), Clock::now()),
-        counters_(static_cast<size_t>(world), -1) {
+        counters_(static_cast<size_t>(world), -1),
+        last_round_(Clock::now()) {
     c10d::TCPStoreOptions options;
     options.port = port;
     options.isServer = false;
@@ -58,34 +78,22 @@ class Heartbeat {
     options.timeout = timeout;
     store_ = c10::make_intrusive<c10d::TCPStore>(host, options);
     store_->add(beat_key(rank), 1);
-    thread_ = std::thread([this, world] {
-      while (!stopping(kBeatPeriod)) {
-        try {
-          store_->add(beat_key(rank_), 1);
-          if (world > kMaxWatchedWorld) continue;
-          std::vector<int64_t> counters;
-          for (int64_t r = 0; r < world; ++r) counters.push_back(store_->add(beat_key(r), 0));
-          std::lock_guard<std::mutex> lock(mutex_);
-          for (size_t r = 0; r < counters.size(); ++r)
-            if (counters[r] != counters_[r]) {
-              counters_[r] = counters[r];
-              last_moved_[r] = Clock::now();
-            }
-        } catch (const std::exception&) {
-          std::lock_guard<std::mutex> lock(mutex_);
-          store_lost_at_ = Clock::now();
-          return;  // the store's host is gone
-        }
-      }
-    });
+    beat_thread_ = std::thread([this, world] { beat(world); });
+    if (world <= kMaxWatchedWorld) watchdog_ = std::thread([this] { watch(); });
   }
   ~Heartbeat() {
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      stop_ = true;
+      stop_beating_ = true;
     }
     wake_.notify_all();
-    thread_.join();
+    beat_thread_.join();  // its last act marks this rank ended
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_watching_ = true;
+    }
+    wake_.notify_all();
+    if (watchdog_.joinable()) watchdog_.join();
   }
 
   // The ranks (not this one) whose counter stood still for kBeatStale before now, or before the
@@ -100,21 +108,102 @@ class Heartbeat {
     return {out, store_lost_at_.has_value()};
   }
 
+  // What this rank waits in, for the watchdog's message, while a Waiting lives.
+  class Waiting {
+   public:
+    Waiting(Heartbeat* heartbeat, std::string what) : heartbeat_(heartbeat) {
+      if (!heartbeat_) return;
+      std::lock_guard<std::mutex> lock(heartbeat_->mutex_);
+      heartbeat_->waiting_ = std::move(what);
+    }
+    ~Waiting() {
+      if (!heartbeat_) return;
+      std::lock_guard<std::mutex> lock(heartbeat_->mutex_);
+      heartbeat_->waiting_.clear();
+    }
+    Waiting(const Waiting&) = delete;
+    Waiting& operator=(const Waiting&) = delete;
+
+   private:
+    Heartbeat* heartbeat_;
+  };
+
  private:
-  bool stopping(std::chrono::seconds wait) {
+  bool stopping(const bool& flag, Clock::duration wait) {
     std::unique_lock<std::mutex> lock(mutex_);
-    return wake_.wait_for(lock, wait, [this] { return stop_; });
+    return wake_.wait_for(lock, wait, [&flag] { return flag; });
+  }
+
+  void beat(int64_t world) {
+    try {
+      while (!stopping(stop_beating_, kBeatPeriod)) {
+        store_->add(beat_key(rank_), 1);
+        std::vector<int64_t> counters;
+        if (world <= kMaxWatchedWorld)
+          for (int64_t r = 0; r < world; ++r) counters.push_back(store_->add(beat_key(r), 0));
+        std::lock_guard<std::mutex> lock(mutex_);
+        last_round_ = Clock::now();
+        for (size_t r = 0; r < counters.size(); ++r)
+          if (counters[r] != counters_[r]) {
+            counters_[r] = counters[r];
+            last_moved_[r] = last_round_;
+          }
+      }
+      store_->add(beat_key(rank_), kEnded);
+    } catch (const std::exception&) {
+      std::lock_guard<std::mutex> lock(mutex_);
+      store_lost_at_ = Clock::now();  // the store's host is gone
+    }
+  }
+
+  void watch() {
+    while (!stopping(stop_watching_, kBeatPeriod)) {
+      std::string message;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (store_lost_at_) return;  // rank 0 has ended: collectives with it fail by themselves
+        const auto now = Clock::now();
+        auto seconds = [now](Clock::time_point since) {
+          return std::chrono::duration_cast<std::chrono::seconds>(now - since).count();
+        };
+        // Counters are news only while rounds with the store complete: when its host (rank 0) stops
+        // answering, every counter looks still, and only the host is lost.
+        const bool rounds_answered = now - last_round_ <= 3 * kBeatPeriod;
+        const bool store_silent = rank_ != 0 && now - last_round_ > heartbeat_timeout_;
+        std::vector<int64_t> stopped;
+        for (size_t r = 0; r < counters_.size() && rounds_answered; ++r)
+          if (static_cast<int64_t>(r) != rank_ && counters_[r] < kEnded &&
+              now - last_moved_[r] > heartbeat_timeout_)
+            stopped.push_back(static_cast<int64_t>(r));
+        const std::string in = waiting_.empty() ? "" : " while this rank waited in " + waiting_;
+        if (!stopped.empty())
+          message = fmt::format(
+              "rank {}: lost rank{} {}: heartbeat stopped {} s ago (parallel.heartbeat_timeout_s {}): a "
+              "stopped, hung or disconnected process{}",
+              rank_, stopped.size() > 1 ? "s" : "", fmt::join(stopped, ", "),
+              seconds(last_moved_[stopped[0]]), heartbeat_timeout_.count(), in);
+        else if (store_silent)
+          message = fmt::format(
+              "rank {}: lost rank 0: the rendezvous store it hosts has not answered for {} s "
+              "(parallel.heartbeat_timeout_s {}): a stopped, hung or disconnected process{}",
+              rank_, seconds(last_round_), heartbeat_timeout_.count(), in);
+      }
+      if (!message.empty()) end_process(message);
+    }
   }
 
   int64_t rank_;
+  std::chrono::seconds heartbeat_timeout_;
   c10::intrusive_ptr<c10d::TCPStore> store_;
-  std::thread thread_;
+  std::thread beat_thread_, watchdog_;
   mutable std::mutex mutex_;
   std::condition_variable wake_;
-  bool stop_ = false;
+  bool stop_beating_ = false, stop_watching_ = false;
   std::vector<Clock::time_point> last_moved_;
   std::vector<int64_t> counters_;
+  Clock::time_point last_round_;  // when the beat thread last finished a round with the store
   std::optional<Clock::time_point> store_lost_at_;
+  std::string waiting_;
 };
 
 }  // namespace
@@ -154,6 +243,11 @@ std::string lost_ranks(const Comm::Group& group) {
   }
 }
 
+// "all-reduce in group dp"
+std::string describe_wait(const Comm::Group& group, const std::string& what) {
+  return group.name.empty() ? what : what + " in group " + group.name;
+}
+
 std::string first_line(std::string text) {
   if (const auto end = text.find('\n'); end != std::string::npos) text.resize(end);
   return text;
@@ -174,6 +268,7 @@ template <typename Start>
 void run(const Comm::Group& group, const char* what, Start start) {
   try {
     auto work = start();
+    const Heartbeat::Waiting waiting(group.heartbeat.get(), describe_wait(group, what));
     work->wait();
   } catch (const std::exception& e) {
     throw collective_error(group, what, e);
@@ -196,6 +291,7 @@ class GlooPendingWork : public PendingWork {
         done_(std::move(done)) {}
   void wait() override {
     try {
+      const Heartbeat::Waiting waiting(group_->heartbeat.get(), describe_wait(*group_, what_));
       work_->wait();
     } catch (const std::exception& e) {
       throw collective_error(*group_, what_, e);
@@ -218,7 +314,8 @@ Comm::Comm(std::shared_ptr<Group> group, int64_t rank, int64_t size)
 
 Comm::~Comm() = default;
 
-std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout) {
+std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout,
+                                    std::chrono::seconds heartbeat_timeout) {
   auto group = std::make_unique<Group>();
   group->timeout = timeout;
   group->rank = group->world_rank = env.rank;
@@ -245,8 +342,8 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
                                                             static_cast<int>(env.world_size), options);
     if (env.world_size > 1) {
       const auto& tcp = static_cast<const c10d::TCPStore&>(*group->store);
-      group->heartbeat =
-          std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, env.world_size, timeout);
+      group->heartbeat = std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, env.world_size,
+                                                     timeout, heartbeat_timeout);
     }
   } catch (const std::exception& e) {
     std::string reason = e.what();

@@ -3,7 +3,9 @@
 // all-gather, barrier, all-to-all with unequal splits) and point-to-point send and receive, each
 // failure a DistributedError naming this rank, the operation and, for send and receive, the peer.
 // Every rank beats a heartbeat into the store from a thread of its own, so that after a failed
-// collective the survivors name the ranks whose heartbeat stopped (a killed or hung process).
+// collective the survivors name the ranks whose heartbeat stopped (a killed or hung process), and
+// a rank whose peer's heartbeat stood still for the heartbeat timeout (a stopped process: its
+// sockets stay open, so no collective fails) ends itself with an error naming that peer.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -27,8 +29,11 @@ class PendingWork {
 class Comm {
  public:
   // Joins the group of env.world_size processes. Rank 0 serves the TCPStore at
-  // env.master_addr:env.master_port; every collective gives up after `timeout`.
-  static std::shared_ptr<Comm> connect(const LaunchEnv& env, std::chrono::seconds timeout);
+  // env.master_addr:env.master_port; every collective gives up after `timeout`. Once another
+  // rank's heartbeat has stood still for `heartbeat_timeout` (or rank 0's store has not answered for
+  // that long), this process writes "loom: error: rank R: lost rank Q: ..." and exits with code 1.
+  static std::shared_ptr<Comm> connect(const LaunchEnv& env, std::chrono::seconds timeout,
+                                       std::chrono::seconds heartbeat_timeout = std::chrono::seconds(60));
   ~Comm();
 
   int64_t rank() const { return rank_; }

@@ -172,7 +172,10 @@ int launch(const LaunchOptions& o, const std::vector<std::string>& command) {
     stopping = true;
     kill_at = Clock::now() + std::chrono::seconds(o.stop_grace_s);
     for (const Child& c : children)
-      if (c.running) kill(c.pid, SIGTERM);
+      if (c.running) {
+        kill(c.pid, SIGTERM);
+        kill(c.pid, SIGCONT);  // a stopped rank (SIGSTOP, a debugger) takes its SIGTERM now
+      }
   };
   for (;;) {
     std::vector<pollfd> fds;

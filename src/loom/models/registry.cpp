@@ -45,7 +45,10 @@ std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
   return std::make_shared<Qwen2VLForConditionalGeneration>(config, options, vision_tp);
 }
 
-Qwen2VLConfig job_model_config(const config::JobConfig& job) {
+namespace {
+
+// model.hf_config, or init_from's config.json without it.
+Qwen2VLConfig configured_model_config(const config::JobConfig& job) {
   const auto& m = job.model;
   if (m.hf_config_path.empty() && m.hf_config.is_null()) {  // the config of init_from
     if (!std::filesystem::is_regular_file(m.init_from + "/config.json"))
@@ -69,6 +72,30 @@ Qwen2VLConfig job_model_config(const config::JobConfig& job) {
     return model_config_from_file(m.hf_config_path, m.family);
   }
   return model_config_from_json(m.family, m.hf_config, job.source + ": model.hf_config");
+}
+
+// model.hf_config's architecture checked against init_from's own config.json, when it has one: the
+// weights were trained for the latter.
+void check_init_from_config(const config::ModelSection& m, const Qwen2VLConfig& config) {
+  if (m.init_from.empty() || (m.hf_config_path.empty() && m.hf_config.is_null())) return;
+  const std::string path = m.init_from + "/config.json";
+  if (!std::filesystem::exists(path)) return;
+  const Qwen2VLConfig given = model_config_from_file(path, m.family);
+  const auto want = architecture_fields(config), have = architecture_fields(given);
+  for (size_t i = 0; i < want.size(); ++i)
+    if (want[i] != have[i])
+      throw ConfigError(fmt::format(
+          "model.hf_config disagrees with {} (the config of model.init_from's weights): {} is {} there and "
+          "{} in model.hf_config; leave model.hf_config out to take init_from's",
+          path, want[i].first, have[i].second, want[i].second));
+}
+
+}  // namespace
+
+Qwen2VLConfig job_model_config(const config::JobConfig& job) {
+  const Qwen2VLConfig config = configured_model_config(job);
+  check_init_from_config(job.model, config);
+  return config;
 }
 
 void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size) {

@@ -29,7 +29,9 @@ std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
     const Qwen2VLConfig& config, const parallel::ParamOptions& options,
     const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
 
-// The model architecture a job asks for (model.hf_config as a path or inline fields).
+// The model architecture a job asks for (model.hf_config as a path or inline fields, else
+// init_from's config.json). When both are given, init_from's config.json must be valid and agree
+// on every architecture field (ConfigError naming the field and both values).
 Qwen2VLConfig job_model_config(const config::JobConfig& job);
 
 // Checks the job's parallel layout against its model and `world_size` processes (validate_parallel):

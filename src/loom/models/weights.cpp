@@ -104,6 +104,11 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
     if (shape != whole)
       throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir,
                                         name, fmt::join(shape, ", "), fmt::join(whole, ", ")));
+    if (!checkpoint::loadable_as(source.dtype(name), param.scalar_type()))
+      throw CheckpointError(fmt::format(
+          "{}: tensor '{}' is stored as {}, which cannot load into the model's {} "
+          "parameter (a mislabelled or foreign tensor)",
+          source.file_of(name), name, c10::toString(source.dtype(name)), c10::toString(param.scalar_type())));
     auto values = source.load(name);
     param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
     unused.erase(name);

@@ -1,5 +1,4 @@
 // loom bench: the trainer's steps, timed.
-#include <ATen/Parallel.h>
 #include <sys/resource.h>
 
 #include <algorithm>
@@ -18,7 +17,6 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   if (warmup < 0 || steps < 1)
     throw ConfigError(fmt::format("bench: needs steps >= 1 and warmup >= 0, got {} and {}", steps, warmup));
   const auto& t = job_.training;
-  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
   const core::Task& task = *parts_.task;
   data::PrefetchLoader<core::StepData> loader([&task](int64_t step) { return task.step_data(step); }, 0,

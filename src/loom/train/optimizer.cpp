@@ -132,6 +132,9 @@ std::map<std::string, at::Tensor> checked_adamw_state(
     if (it->second.sizes() != shape)
       throw CheckpointError(fmt::format("optimizer state: entry '{}' has shape {}, expected {}", key,
                                         shape_string(it->second.sizes()), shape_string(shape)));
+    if (key != "step" && !at::isFloatingType(it->second.scalar_type()))
+      throw CheckpointError(fmt::format("optimizer state: entry '{}' has dtype {}, expected floating point",
+                                        key, c10::toString(it->second.scalar_type())));
     out.emplace(key, it->second);
     given.erase(it);
   };

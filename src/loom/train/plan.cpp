@@ -46,6 +46,7 @@ class WholeAdamW : public Optimizer {
     adamw_.step(lr);
     adamw_.zero_grad();
   }
+  void skip_step() override { adamw_.zero_grad(); }
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const override {
     auto state = adamw_.state_dict();
     return tp_layouts_ ? tensor_parallel_state(*tp_layouts_, std::move(state), /*gather=*/true) : state;
@@ -72,6 +73,7 @@ class ShardedOptimizer : public Optimizer {
     sharded_->step(lr);
     sharded_->zero_grad();
   }
+  void skip_step() override { sharded_->zero_grad(); }
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const override {
     auto state = sharded_->state_dict();
     return tp_layouts_ ? tensor_parallel_state(*tp_layouts_, std::move(state), /*gather=*/true) : state;

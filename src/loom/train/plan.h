@@ -67,6 +67,8 @@ class Optimizer {
   virtual ~Optimizer() = default;
   // One update at learning rate `lr`, then the gradients are dropped.
   virtual void step(double lr) = 0;
+  // The gradients dropped without an update (a step whose loss or gradient norm is not finite).
+  virtual void skip_step() = 0;
   // The whole state (a collective under ZeRO and tensor parallelism).
   virtual std::vector<std::pair<std::string, at::Tensor>> state_dict() const = 0;
   // Takes this rank's share of a whole state; CheckpointError naming the entry for a bad one.

@@ -1,15 +1,16 @@
 #include "loom/train/trainer.h"
 
-#include <ATen/Parallel.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/checkpoint/run_lock.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/checkpoint/trainer_state.h"
 #include "loom/data/loader.h"
 #include "loom/models/weights.h"
 #include "loom/tasks/registry.h"
@@ -81,18 +82,31 @@ std::optional<std::string> Trainer::check() {
 std::optional<std::string> Trainer::resume_directory() const {
   const auto& resume = job_.training.resume;
   if (resume == "none") return std::nullopt;
-  if (resume == "auto") return checkpoint::latest_checkpoint(job_.training.output_dir);
+  if (resume == "auto") {
+    auto newest = checkpoint::latest_complete_checkpoint(job_.training.output_dir);
+    if (!newest && !checkpoint::list_checkpoints(job_.training.output_dir).empty())
+      spdlog::warn("{} holds no complete checkpoint: training starts from the initial weights",
+                   job_.training.output_dir);
+    return newest;
+  }
   if (!fs::is_directory(resume))
     throw ConfigError(
         fmt::format("training.resume: '{}' is not a checkpoint directory (valid: auto, none, or a "
                     "directory)",
                     resume));
+  if (const auto reason = checkpoint::incomplete_checkpoint(resume))
+    throw CheckpointError(fmt::format("training.resume: {} cannot be resumed from: {}", resume, *reason));
   return resume;
 }
 
 void Trainer::resume_from(const std::string& dir) {
+  const checkpoint::TrainerState state = checkpoint::read_trainer_state(dir);
+  if (state.global_batch_size != job_.training.global_batch_size)
+    throw CheckpointError(
+        fmt::format("{}: saved with global_batch_size {}, the job asks for {}; the data position "
+                    "would not line up",
+                    dir, state.global_batch_size, job_.training.global_batch_size));
   load_weights(dir);
-  auto state = nlohmann::json::parse(checkpoint::read_text_file(dir + "/trainer_state.json"));
   checkpoint::SafetensorsReader reader(dir + "/optimizer.safetensors");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   for (const auto& name : reader.names()) tensors.emplace_back(name, reader.load(name));
@@ -101,12 +115,8 @@ void Trainer::resume_from(const std::string& dir) {
   } catch (const CheckpointError& e) {
     throw CheckpointError(fmt::format("{}/optimizer.safetensors: {}", dir, e.what()));
   }
-  step_ = state.at("step").get<int64_t>();
-  if (state.at("global_batch_size").get<int64_t>() != job_.training.global_batch_size)
-    throw CheckpointError(
-        fmt::format("{}: saved with global_batch_size {}, the job asks for {}; the data position "
-                    "would not line up",
-                    dir, state.at("global_batch_size").get<int64_t>(), job_.training.global_batch_size));
+  step_ = state.step;
+  skipped_nonfinite_ = state.skipped_nonfinite_steps;
   spdlog::info("resumed from {} at step {}", dir, step_);
 }
 
@@ -115,6 +125,14 @@ void Trainer::save_checkpoint() {
   const auto optimizer_state = plan_.optimizer->state_dict();
   WholeParameters whole(*plan_.gradients);
   const auto weights = models::whole_named_parameters(parts_.model->module());
+  // Every rank holds the whole weights here, so every rank refuses alike.
+  for (const auto* tensors : {&weights, &optimizer_state})
+    for (const auto& [name, tensor] : *tensors)
+      if (tensor.is_floating_point() && !at::isfinite(tensor).all().item<bool>())
+        throw TrainingError(fmt::format(
+            "step {}: {} '{}' holds NaN or infinite values; the checkpoint is not saved (the last one "
+            "stays the last good state)",
+            step_, tensors == &weights ? "parameter" : "optimizer state", name));
   if (!parts_.layout.is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
     parts_.layout.world->barrier();
     return;
@@ -126,15 +144,18 @@ void Trainer::save_checkpoint() {
   checkpoint::write_text_file_durable(dir + "/config.json", parts_.model->hf_config().dump(2) + "\n");
   parts_.task->save_artifacts(dir);
   checkpoint::save_safetensors(dir + "/optimizer.safetensors", optimizer_state);
-  nlohmann::json state = {{"step", step_},
-                          {"global_batch_size", t.global_batch_size},
-                          {"micro_batch_size", t.micro_batch_size},
-                          {"data_position", step_ * t.global_batch_size},
-                          {"seed", t.seed}};
-  checkpoint::write_text_file_durable(dir + "/trainer_state.json", state.dump(2) + "\n");
+  checkpoint::TrainerState state;
+  state.step = step_;
+  state.global_batch_size = t.global_batch_size;
+  state.micro_batch_size = t.micro_batch_size;
+  state.seed = t.seed;
+  state.skipped_nonfinite_steps = skipped_nonfinite_;
+  checkpoint::write_text_file_durable(dir + "/" + checkpoint::kTrainerStateFile,
+                                      checkpoint::trainer_state_json(state));
   checkpoint::write_text_file_durable(dir + "/job.yaml", config::to_yaml(job_));
   staged.commit();
-  checkpoint::prune_checkpoints(t.output_dir, static_cast<int>(t.keep_last));
+  last_saved_ = staged.final_path();
+  checkpoint::prune_checkpoints(t.output_dir, t.keep_last);
   spdlog::info("saved checkpoint {}", staged.final_path());
   if (parts_.layout.world) parts_.layout.world->barrier();
 }
@@ -180,6 +201,21 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   return stats;
 }
 
+void Trainer::skip_nonfinite_step(double loss, double grad_norm) {
+  const int64_t allowed = job_.training.skip_nonfinite_steps;
+  const std::string what =
+      fmt::format("step {}: the loss is {} and the gradient norm {}", step_ + 1, loss, grad_norm);
+  if (skipped_nonfinite_ >= allowed)
+    throw TrainingError(fmt::format(
+        "{}; training stops{} (training.skip_nonfinite_steps {} allows {} such steps to be skipped{})", what,
+        last_saved_.empty() ? "" : fmt::format(" and {} stays the last good checkpoint", last_saved_),
+        allowed, allowed, skipped_nonfinite_ > 0 ? fmt::format(", and {} were", skipped_nonfinite_) : ""));
+  plan_.optimizer->skip_step();
+  ++skipped_nonfinite_;
+  spdlog::warn("{}; skipped without an update ({} of the {} training.skip_nonfinite_steps allows)", what,
+               skipped_nonfinite_, allowed);
+}
+
 void Trainer::dump_gradients() const {
   const auto grads = plan_.gradients->whole_gradients();
   if (!parts_.layout.is_main()) return;
@@ -210,7 +246,6 @@ std::optional<core::Evaluation> Trainer::train() {
   const auto& t = job_.training;
   // Before choosing the checkpoint to resume from: another trainer may be writing the next one.
   const std::optional<checkpoint::RunDirectoryLock> lock = lock_output_dir();
-  if (t.threads > 0) at::set_num_threads(static_cast<int>(t.threads));
   peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
   fs::create_directories(t.output_dir);
   if (auto dir = resume_directory()) resume_from(*dir);
@@ -279,7 +314,13 @@ std::optional<core::Evaluation> Trainer::train() {
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
     auto stats = train_step(step_data);
-    plan_.optimizer->step(lr);
+    // Every rank has the same loss and norm (summed over the ranks), so every rank decides alike.
+    const bool finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
+    if (finite) {
+      plan_.optimizer->step(lr);
+    } else {
+      skip_nonfinite_step(stats.loss, stats.grad_norm);
+    }
     ++step_;
 
     const double seconds = seconds_since(step_start);
@@ -298,7 +339,8 @@ std::optional<core::Evaluation> Trainer::train() {
                       {"mfu", step_mfu},
                       {"step_time_s", seconds},
                       {"data_wait_s", data_wait},
-                      {"grad_sync_s", stats.grad_sync_s}});
+                      {"grad_sync_s", stats.grad_sync_s},
+                      {"skipped_nonfinite", skipped_nonfinite_}});
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, step_mfu, seconds_since(start));
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {

@@ -74,6 +74,9 @@ class Trainer {
     double forward_s = 0, backward_s = 0;
   };
   StepStats train_step(const core::StepData& step);
+  // A step whose loss or gradient norm is not finite: dropped without an update while
+  // training.skip_nonfinite_steps allows, else a TrainingError naming the step.
+  void skip_nonfinite_step(double loss, double grad_norm);
   void save_checkpoint();
   void dump_gradients() const;  // tools.dump_gradients
   void resume_from(const std::string& dir);
@@ -90,7 +93,9 @@ class Trainer {
   AppliedPlan plan_;  // how gradients are summed and clipped, and the optimizer
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;
-  int64_t accumulation_ = 1;  // micro-batches per rank and step
+  int64_t skipped_nonfinite_ = 0;  // over the whole run, resumes included (trainer_state.json)
+  std::string last_saved_;         // the checkpoint this process last saved, for messages
+  int64_t accumulation_ = 1;       // micro-batches per rank and step
   double peak_flops_ = 0;
 };
 

@@ -24,5 +24,9 @@ struct DistributedError : Error {
 struct ModelError : Error {
   using Error::Error;
 };
+// The run itself went wrong: a loss or gradient norm that is not finite.
+struct TrainingError : Error {
+  using Error::Error;
+};
 
 }  // namespace loom

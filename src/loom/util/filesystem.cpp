@@ -32,4 +32,13 @@ void remove_tree(const std::string& path, std::error_code& error) {
   }
 }
 
+std::string unreadable_file_reason(const std::string& path) {
+  struct stat info;
+  if (::stat(path.c_str(), &info) != 0)
+    return errno == ENOENT ? "does not exist" : std::error_code(errno, std::generic_category()).message();
+  if (S_ISREG(info.st_mode)) return "";
+  if (S_ISDIR(info.st_mode)) return "is a directory";
+  return "is a special file (a device, pipe or socket), not a regular file";
+}
+
 }  // namespace loom

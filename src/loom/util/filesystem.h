@@ -13,4 +13,10 @@ namespace loom {
 // non-empty directory (seen with torch 2.11+cu130).
 void remove_tree(const std::string& path, std::error_code& error);
 
+// Why `path` cannot be read as a file ("does not exist", "is a directory", "is a special file (a
+// device, pipe or socket), not a regular file", or the OS reason), or "" when it is a regular file
+// (or a link to one). A stream opened on a directory reads as empty or throws from inside the
+// library that reads it, and /dev/zero never ends: callers refuse both up front, naming the path.
+std::string unreadable_file_reason(const std::string& path);
+
 }  // namespace loom

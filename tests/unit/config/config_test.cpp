@@ -1,6 +1,7 @@
 // Loading job configs: values, defaults, inline hf_config typing, and every kind of error message.
 #include "loom/config/config.h"
 
+#include <fmt/format.h>
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
@@ -172,6 +173,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_FALSE(c.parallel.sequence_parallel);
   EXPECT_EQ(c.parallel.zero, 0);
   EXPECT_EQ(c.parallel.timeout_s, 300);
+  EXPECT_EQ(c.parallel.heartbeat_timeout_s, 60);
   EXPECT_EQ(c.parallel.bucket_mb, 25);
   EXPECT_TRUE(c.parallel.overlap_grad_reduce);
 
@@ -198,6 +200,7 @@ TEST(ParseConfig, DefaultsForEveryOmittedKey) {
   EXPECT_EQ(t.resume, "auto");
   EXPECT_EQ(t.threads, 0);
   EXPECT_EQ(t.peak_tflops, 0.0);
+  EXPECT_EQ(t.skip_nonfinite_steps, 0);
   EXPECT_EQ(t.task, "vlm_sft");  // so every config written before the key stays valid
 
   EXPECT_EQ(c.tools.log_every, 10);
@@ -223,7 +226,7 @@ TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
   const std::string message = parse_error(with_training("  lrr: 0.1\n"));
   EXPECT_THAT(message, HasSubstr("job.yaml: unknown key 'training.lrr' (valid keys in training: steps, "
                                  "global_batch_size, micro_batch_size, lr, min_lr,"));
-  EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval; did you mean 'lr'?)"));
+  EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval, skip_nonfinite_steps; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
             "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar, "
             "dump_gradients, tensorboard)");
@@ -348,6 +351,48 @@ TEST(ParseConfigErrors, Ranges) {
             "job.yaml: parallel.dp: must be >= 1 or auto, got 0");
   EXPECT_EQ(parse_error(kMinimal + "tools: {log_every: 0}\n"),
             "job.yaml: tools.log_every: must be >= 1, got 0");
+}
+
+// Counts that become threads, queue slots or allocations are bounded before anything narrows or
+// allocates them: 1e6 loader workers failed with "Resource temporarily unavailable", a prefetch of
+// 1e12 was cut to 32 bits, batch sizes of 2^62 failed in vector::reserve.
+TEST(ParseConfigErrors, CountsAreBoundedBeforeUse) {
+  EXPECT_EQ(parse_error(kMinimal + "data: {num_workers: 1000000}\n"),
+            "job.yaml: data.num_workers: must be <= 256, got 1000000");
+  EXPECT_EQ(parse_error(kMinimal + "data: {prefetch: 1000000000000}\n"),
+            "job.yaml: data.prefetch: must be <= 4096, got 1000000000000");
+  EXPECT_EQ(parse_error(with_training("  threads: 4294967298\n")),
+            "job.yaml: training.threads: must be <= 4096, got 4294967298");
+  EXPECT_EQ(parse_error(with_training("  global_batch_size: 4611686018427387904\n")),
+            "job.yaml: training.global_batch_size: must be <= 1048576, got 4611686018427387904");
+  EXPECT_EQ(parse_error(with_training("  micro_batch_size: 4611686018427387904\n")),
+            "job.yaml: training.micro_batch_size: must be <= 1048576, got 4611686018427387904");
+  EXPECT_EQ(parse_error(kMinimal + "parallel: {heartbeat_timeout_s: 1}\n"),
+            "job.yaml: parallel.heartbeat_timeout_s: must be >= 3, got 1");
+  EXPECT_EQ(parse_error(with_training("  skip_nonfinite_steps: -1\n")),
+            "job.yaml: training.skip_nonfinite_steps: must be >= 0, got -1");
+  const JobConfig c = parse_config(kMinimal + "data: {num_workers: 256, prefetch: 4096}\n", "job.yaml");
+  EXPECT_EQ(c.data.num_workers, 256);
+  EXPECT_EQ(c.data.prefetch, 4096);
+}
+
+// Aliases of aliases expand a few hundred bytes of YAML to billions of values (std::bad_alloc, or
+// minutes of work): the expansion is bounded, as is the nesting.
+TEST(ParseConfigErrors, YamlAliasBombAndDeepNesting) {
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x, x]\n";
+  for (char name = 'b'; name <= 'i'; ++name) {
+    const char previous = static_cast<char>(name - 1);
+    bomb += fmt::format("{}: &{} [*{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}, *{p}]\n", name, name,
+                        fmt::arg("p", previous));
+  }
+  EXPECT_THAT(parse_error(bomb), HasSubstr("job.yaml: expands to more than 100000 values"));
+  EXPECT_THAT(parse_error(kMinimal + "tools: " + std::string(100, '[') + std::string(100, ']') + "\n"),
+              HasSubstr("nested more than 64 levels deep"));
+}
+
+TEST(LoadConfig, ADirectoryIsNoConfigFile) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/configs";
+  EXPECT_EQ(error_of([&] { load_config(dir); }), dir + ": cannot read the config file: it is a directory");
 }
 
 TEST(ParseConfigErrors, MissingRequiredKeys) {

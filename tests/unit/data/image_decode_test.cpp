@@ -1,6 +1,7 @@
 // Checks PNG/JPEG decoding against Pillow's own decoding (fixtures written by
 // tests/fixtures/image/make_fixtures.py) and that bad input fails with a DataError naming the file.
 #include <gtest/gtest.h>
+#include <zlib.h>
 
 #include <cstdio>
 #include <fstream>
@@ -108,6 +109,66 @@ TEST(ImageDecode, UnknownFormatAndMissingFileThrowNamingFile) {
   expect_data_error_naming([&] { decode_image_bytes(gif, 0, "empty.png"); }, "empty.png");
   const std::string missing = fixture("does_not_exist.png");
   expect_data_error_naming([&] { decode_image_file(missing); }, missing);
+}
+
+// A PNG whose header declares width x height RGB pixels, followed by a few bytes of image data.
+std::vector<uint8_t> png_declaring(uint32_t width, uint32_t height) {
+  std::vector<uint8_t> bytes = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
+  auto put32 = [&bytes](uint32_t v) {
+    for (int shift = 24; shift >= 0; shift -= 8) bytes.push_back(static_cast<uint8_t>(v >> shift));
+  };
+  auto chunk = [&](const char* type, const std::vector<uint8_t>& data) {
+    put32(static_cast<uint32_t>(data.size()));
+    const size_t start = bytes.size();
+    bytes.insert(bytes.end(), type, type + 4);
+    bytes.insert(bytes.end(), data.begin(), data.end());
+    put32(static_cast<uint32_t>(crc32(0, bytes.data() + start, static_cast<uInt>(bytes.size() - start))));
+  };
+  std::vector<uint8_t> header;
+  for (uint32_t v : {width, height})
+    for (int shift = 24; shift >= 0; shift -= 8) header.push_back(static_cast<uint8_t>(v >> shift));
+  header.insert(header.end(), {8, 2, 0, 0, 0});  // 8 bits, RGB, deflate, adaptive filters, no interlace
+  chunk("IHDR", header);
+  chunk("IDAT", {0x78, 0x9c, 0x03, 0x00, 0x00, 0x00, 0x00, 0x01});
+  chunk("IEND", {});
+  return bytes;
+}
+
+// Sizes a header declares are checked against a pixel budget before any pixel is allocated: a
+// 65536x65536 PNG (12 GiB of RGB) ended in std::bad_alloc, where a corrupt image is skipped.
+TEST(ImageDecode, HeadersDeclaringTooManyPixelsAreCorruptImages) {
+  for (uint32_t side : {65536u, 40000u}) {
+    const std::vector<uint8_t> bomb = png_declaring(side, side);
+    const std::string name = "bomb" + std::to_string(side) + ".png";
+    EXPECT_TRUE(
+        says_all(message_of([&] { decode_image_bytes(bomb.data(), bomb.size(), name); }),
+                 {name, std::to_string(side) + "x" + std::to_string(side), "more than the 89478485"}));
+  }
+  // Within the budget the same header is decoded, and fails only on its missing pixels.
+  const std::vector<uint8_t> small = png_declaring(64, 64);
+  EXPECT_FALSE(says_all(message_of([&] { decode_image_bytes(small.data(), small.size(), "small.png"); }),
+                        {"more than the 89478485"}));
+  // A JPEG's start-of-frame patched to 40000x40000.
+  std::vector<uint8_t> jpeg = read_bytes(fixture("jpeg_q95.jpg"));
+  size_t sof = 2;
+  while (sof + 9 < jpeg.size() && !(jpeg[sof] == 0xFF && (jpeg[sof + 1] == 0xC0 || jpeg[sof + 1] == 0xC2)))
+    ++sof;
+  ASSERT_LT(sof + 9, jpeg.size());
+  for (size_t at : {sof + 5, sof + 7}) {  // height, then width: 40000 = 0x9C40
+    jpeg[at] = 0x9C;
+    jpeg[at + 1] = 0x40;
+  }
+  EXPECT_TRUE(says_all(message_of([&] { decode_image_bytes(jpeg.data(), jpeg.size(), "bomb.jpg"); }),
+                       {"bomb.jpg", "40000x40000", "more than the 89478485"}));
+}
+
+// A directory (std::ios_base::failure from deep inside the stream) and /dev/zero (read forever)
+// are no images.
+TEST(ImageDecode, DirectoriesAndDevicesAreNoImages) {
+  const std::string dir = fixture("");
+  EXPECT_TRUE(says_all(message_of([&] { decode_image_file(dir); }), {dir, "is a directory"}));
+  EXPECT_TRUE(
+      says_all(message_of([] { decode_image_file("/dev/zero"); }), {"/dev/zero", "is a special file"}));
 }
 
 TEST(ImageDecode, EncodePngRoundTrips) {

@@ -2,26 +2,42 @@
 // own no C++ objects), JPEG decoding through TurboJPEG.
 #include "loom/data/image/decode.h"
 
+#include <fmt/format.h>
 #include <png.h>
 #include <turbojpeg.h>
 
 #include <csetjmp>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <vector>
 
 #include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
 
 namespace loom::data {
 namespace {
+
+// The most encoded bytes an image file may have: far beyond any photo, short of a device or a stray
+// disk image read whole into memory.
+constexpr uint64_t kMaxImageFileBytes = uint64_t{1} << 30;
 
 constexpr uint8_t kPngMagic[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1a, '\n'};
 constexpr uint8_t kJpegMagic[3] = {0xFF, 0xD8, 0xFF};
 
 bool starts_with(const uint8_t* data, size_t size, const uint8_t* magic, size_t magic_size) {
   return size >= magic_size && std::memcmp(data, magic, magic_size) == 0;
+}
+
+// Checked on the header's size, before any pixel is allocated.
+void check_pixel_budget(const char* format, const std::string& name, uint64_t width, uint64_t height) {
+  if (width * height > kMaxImagePixels)
+    throw DataError(
+        fmt::format("cannot decode {} {}: its header declares {}x{} = {} pixels, more than the {} "
+                    "an image may have (a corrupt file or a decompression bomb)",
+                    format, name, width, height, width * height, kMaxImagePixels));
 }
 
 // State shared with libpng's callbacks: the input bytes and the last error message.
@@ -95,11 +111,11 @@ Image decode_png(const uint8_t* data, size_t size, const std::string& name) {
     throw DataError("cannot decode PNG " + name + ": " +
                     (source.message[0] ? source.message : "unsupported sample depth"));
   }
-  if (width == 0 || height == 0 || channels < 1 || channels > 4 || width > (1u << 16) ||
-      height > (1u << 16)) {
+  if (width == 0 || height == 0 || channels < 1 || channels > 4) {
     throw DataError("cannot decode PNG " + name + ": unsupported size " + std::to_string(width) + "x" +
                     std::to_string(height) + " with " + std::to_string(channels) + " channels");
   }
+  check_pixel_budget("PNG", name, width, height);
 
   // rows (height, width, channels) after libpng's expansions: 1 grey, 2 grey+alpha, 3 RGB, 4 RGBA.
   std::vector<uint8_t> decoded(static_cast<size_t>(height) * width * channels);
@@ -152,6 +168,7 @@ Image decode_jpeg(const uint8_t* data, size_t size, const std::string& name) {
     throw DataError("cannot decode JPEG " + name +
                     ": no image size in the header (truncated or corrupt file)");
   }
+  check_pixel_budget("JPEG", name, static_cast<uint64_t>(width), static_cast<uint64_t>(height));
   Image image{height, width, std::vector<uint8_t>(static_cast<size_t>(height) * width * 3)};
   // Default flags: accurate integer DCT and smooth chroma upsampling, as PIL decodes. Warnings
   // (such as premature end of data) count as errors, as PIL refuses truncated images.
@@ -173,10 +190,24 @@ Image decode_image_bytes(const uint8_t* data, size_t size, const std::string& na
 }
 
 Image decode_image_file(const std::string& path) {
+  // Only regular files of a bounded size are read: a directory, a device such as /dev/zero or a
+  // pipe is no image.
+  if (const std::string why = unreadable_file_reason(path); !why.empty())
+    throw DataError(fmt::format("cannot read image file {}: it {}", path, why));
+  std::error_code error;
+  const uint64_t size = std::filesystem::file_size(path, error);
+  if (error) throw DataError(fmt::format("cannot read image file {}: {}", path, error.message()));
+  if (size > kMaxImageFileBytes)
+    throw DataError(
+        fmt::format("cannot read image file {}: {} bytes, more than the {} an image file may have", path,
+                    size, kMaxImageFileBytes));
   std::ifstream file(path, std::ios::binary);
   if (!file) throw DataError("cannot open image file " + path);
-  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
-  if (file.bad()) throw DataError("cannot read image file " + path);
+  std::vector<uint8_t> bytes(static_cast<size_t>(size));
+  file.read(reinterpret_cast<char*>(bytes.data()), static_cast<std::streamsize>(size));
+  if (file.bad() || file.gcount() != static_cast<std::streamsize>(size))
+    throw DataError(
+        fmt::format("cannot read image file {}: read {} of its {} bytes", path, file.gcount(), size));
   return decode_image_bytes(bytes.data(), bytes.size(), path);
 }
 

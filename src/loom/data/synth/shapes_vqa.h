@@ -20,6 +20,9 @@ class ShapesVqa {
 
   int64_t image_size() const { return image_size_; }
 
+  // The held-out split is generated without end; an evaluation asks at most this many questions.
+  static constexpr int64_t kMaxEvalSamples = 100000;
+
   static const std::vector<std::string>& question_types();  // {"color","shape","count","position"}
   static std::vector<std::string> vocabulary();             // every word of any question or answer
 

@@ -8,6 +8,7 @@
 #include "loom/data/tokenizer/sentencepiece_tokenizer.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/util/errors.h"
+#include "loom/util/filesystem.h"
 
 namespace loom::data {
 namespace {
@@ -19,6 +20,8 @@ bool ends_with(const std::string& s, const std::string& suffix) {
 }  // namespace
 
 std::unique_ptr<Tokenizer> load_tokenizer(const std::string& path) {
+  if (const std::string why = unreadable_file_reason(path); !why.empty())
+    throw DataError(fmt::format("cannot read tokenizer file {}: it {}", path, why));
   if (ends_with(path, ".model")) {
     return std::make_unique<SentencePieceTokenizer>(SentencePieceTokenizer::load(path));
   }

@@ -105,6 +105,10 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   t.rope_theta = text.number("rope_theta", 1e6);
   t.tie_word_embeddings = top.boolean("tie_word_embeddings", text.boolean("tie_word_embeddings", false));
   t.max_position_embeddings = text.integer("max_position_embeddings", 32768);
+  // A norm's eps of 0 or below divides by zero or a negative root (NaN from the first step that meets
+  // a zero row); a base of 0 or below has no logarithm.
+  for (auto [key, value] : {std::pair{"rms_norm_eps", t.rms_norm_eps}, {"rope_theta", t.rope_theta}})
+    if (!(value > 0)) throw text.error(key, fmt::format("must be > 0, got {}", value));
   for (auto [key, value] : {std::pair{"vocab_size", t.vocab_size},
                             {"hidden_size", t.hidden_size},
                             {"intermediate_size", t.intermediate_size},
@@ -192,6 +196,36 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
     throw vis.error(is_25 ? "out_hidden_size" : "hidden_size",
                     fmt::format("{} must equal the LLM hidden_size {}", v.out_width, t.hidden_size));
   return config;
+}
+
+std::vector<std::pair<std::string, std::string>> architecture_fields(const Qwen2VLConfig& c) {
+  const auto& t = c.text;
+  const auto& v = c.vision;
+  auto text = [](const json& value) { return value.dump(); };
+  const bool is_25 = c.family() == VisionFamily::qwen2_5_vl;
+  return {{"model_type", text(c.model_type())},
+          {"vocab_size", text(t.vocab_size)},
+          {"hidden_size", text(t.hidden_size)},
+          {"intermediate_size", text(t.intermediate_size)},
+          {"num_hidden_layers", text(t.num_layers)},
+          {"num_attention_heads", text(t.num_heads)},
+          {"num_key_value_heads", text(t.num_kv_heads)},
+          {"rms_norm_eps", text(t.rms_norm_eps)},
+          {"rope_theta", text(t.rope_theta)},
+          {"rope_scaling.mrope_section", text(t.mrope_section)},
+          {"tie_word_embeddings", text(t.tie_word_embeddings)},
+          {"vision_config.depth", text(v.depth)},
+          {is_25 ? "vision_config.hidden_size" : "vision_config.embed_dim", text(v.width)},
+          {"vision_config.num_heads", text(v.num_heads)},
+          {is_25 ? "vision_config.intermediate_size" : "vision_config.mlp_ratio",
+           text(is_25 ? v.mlp_hidden : v.mlp_hidden / v.width)},
+          {"vision_config.in_channels", text(v.in_channels)},
+          {"vision_config.patch_size", text(v.patch_size)},
+          {"vision_config.temporal_patch_size", text(v.temporal_patch_size)},
+          {"vision_config.spatial_merge_size", text(v.spatial_merge_size)},
+          {"vision_config.hidden_act", text(v.hidden_act)},
+          {"vision_config.window_size", text(v.window_size)},
+          {"vision_config.fullatt_block_indexes", text(v.fullatt_block_indexes)}};
 }
 
 nlohmann::json to_hf_config(const Qwen2VLConfig& c) {

@@ -69,6 +69,11 @@ struct Qwen2VLConfig {
 Qwen2VLConfig parse_qwen2vl_config(const nlohmann::json& hf, const std::string& family,
                                    const std::string& source);
 
+// The fields that decide the weights' names and shapes and the model's arithmetic, by their
+// config.json names (vision ones as vision_config.NAME), each with its value as JSON text, in a
+// fixed order: two configs describe the same architecture when these are equal.
+std::vector<std::pair<std::string, std::string>> architecture_fields(const Qwen2VLConfig& config);
+
 // The config.json object for a model (HF field names), starting from the fields it was read from.
 nlohmann::json to_hf_config(const Qwen2VLConfig& config);
 

@@ -26,9 +26,10 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwe
         fmt::format("data.image_size: {} is not a multiple of the model's patch_size x "
                     "spatial_merge_size ({} x {})",
                     data.image_size, image.patch_size, image.merge_size));
-  int64_t eval_size = 0;  // 0: unbounded
+  int64_t eval_size = 0;
   if (data.dataset == "shapes_vqa") {
     const data::ShapesVqa shapes(seed, data.image_size);
+    eval_size = data::ShapesVqa::kMaxEvalSamples;
     sample_ = [shapes](data::Split split, int64_t i) { return shapes.sample(split, i); };
     question_types_ = data::ShapesVqa::question_types();
     tokenizer_ = tokenizer_for(data::ShapesVqa::vocabulary());
@@ -43,9 +44,10 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwe
     throw ConfigError(
         fmt::format("data.dataset: '{}' is not available (valid: shapes_vqa, fashion_mnist)", data.dataset));
   }
-  if (eval_size > 0 && eval_samples_ > eval_size)
-    throw ConfigError(fmt::format("data.eval_samples: {} is more than the {} held-out samples of {}",
-                                  eval_samples_, eval_size, data.dataset));
+  if (eval_samples_ > eval_size)
+    throw ConfigError(fmt::format("data.eval_samples: {} is more than the {} held-out samples of {}{}",
+                                  eval_samples_, eval_size, data.dataset,
+                                  data.dataset == "shapes_vqa" ? " (the cap on its generated split)" : ""));
   // Every image is processed at image_size x image_size: smaller ones are scaled up to it.
   image_options_.min_pixels = data.image_size * data.image_size;
   image_options_.max_pixels = data.image_size * data.image_size;
