@@ -19,6 +19,9 @@
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
 #include "loom/models/registry.h"
+#include "loom/models/umt5/model.h"
+#include "loom/models/wan/names.h"
+#include "loom/models/wan/vae.h"
 #include "loom/models/weights.h"
 #include "loom/tasks/vlm_sft/prompts.h"
 #include "loom/util/errors.h"
@@ -50,10 +53,137 @@ config::JobConfig forward_layout(int64_t world_size, bool sequence_parallel) {
   return job;
 }
 
+nlohmann::json read_input(const std::string& input_path) {
+  std::ifstream in(input_path);
+  if (!in) throw DataError(fmt::format("{}: cannot open the input file", input_path));
+  try {
+    return nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: not valid JSON ({})", input_path, e.what()));
+  }
+}
+
+// `key` of the input: a non-empty list of equally long lists of integers, as a (rows, length) tensor.
+at::Tensor integer_rows(const nlohmann::json& input, const char* key, const std::string& input_path) {
+  const auto bad = [&] {
+    return DataError(
+        fmt::format("{}: {} must be a non-empty list of equally long lists of integers", input_path, key));
+  };
+  if (!input.contains(key) || !input[key].is_array() || input[key].empty()) throw bad();
+  const auto& rows = input[key];
+  std::vector<int64_t> flat;
+  for (const auto& row : rows) {
+    if (!row.is_array() || row.size() != rows[0].size()) throw bad();
+    for (const auto& v : row) {
+      if (!v.is_number_integer()) throw bad();
+      flat.push_back(v.get<int64_t>());
+    }
+  }
+  return at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), -1});
+}
+
+// An input of a reference run's io.json: `name` under its "files", read as float32 of the shape it
+// records, from the io.json's directory.
+at::Tensor io_tensor(const nlohmann::json& io, const std::string& io_path, const std::string& name) {
+  const auto& files = io.contains("files") ? io["files"] : nlohmann::json::object();
+  if (!files.is_object() || !files.contains(name) || !files[name].contains("shape"))
+    throw DataError(fmt::format("{}: files.\"{}\" with its shape is missing", io_path, name));
+  std::vector<int64_t> shape;
+  for (const auto& d : files[name]["shape"]) {
+    if (!d.is_number_integer() || d.get<int64_t>() < 0)
+      throw DataError(fmt::format("{}: files.\"{}\".shape must be a list of sizes", io_path, name));
+    shape.push_back(d.get<int64_t>());
+  }
+  const fs::path path = fs::path(io_path).parent_path() / name;
+  at::Tensor t = at::empty(shape, at::kFloat);
+  std::ifstream in(path, std::ios::binary);
+  in.read(reinterpret_cast<char*>(t.data_ptr<float>()),
+          static_cast<std::streamsize>(t.numel() * sizeof(float)));
+  if (!in || in.peek() != std::char_traits<char>::eof())
+    throw DataError(fmt::format("{}: not {} float32 values (the shape io.json gives it: [{}])", path.string(),
+                                t.numel(), fmt::join(shape, ", ")));
+  return t;
+}
+
+void write_outputs(const std::string& out_dir,
+                   const std::vector<std::pair<std::string, at::Tensor>>& outputs) {
+  fs::create_directories(out_dir);
+  nlohmann::json shapes;
+  std::vector<std::string> written;
+  for (const auto& [name, tensor] : outputs) {
+    write_f32(fs::path(out_dir) / name, tensor);
+    shapes[name] = tensor.sizes().vec();
+    written.push_back(fmt::format("{} {}", name, fmt::join(tensor.sizes(), "x")));
+  }
+  std::ofstream(fs::path(out_dir) / "shapes.json") << shapes.dump(2) << "\n";
+  fmt::print("wrote {} ({})\n", out_dir, fmt::join(written, ", "));
+}
+
+void refuse_ranks(const char* what) {
+  if (dist::launch_env_from_process().world_size > 1)
+    throw ConfigError(fmt::format("forward: the {} runs in one process (no tensor-parallel split)", what));
+}
+
+// The umT5 encoder on input_ids and attention_mask (HF's input format): last_hidden_state.bin.
+int forward_umt5(const models::NamedModel& named, const std::string& model_dir, const std::string& input_path,
+                 const std::string& out_dir) {
+  refuse_ranks("umT5 encoder");
+  const auto model =
+      std::make_shared<models::UMT5EncoderModel>(models::parse_umt5_config(named.hf, named.source));
+  models::load_parameters(*model, model_dir);
+  const nlohmann::json input = read_input(input_path);
+  const at::Tensor ids = integer_rows(input, "input_ids", input_path);
+  const at::Tensor mask = input.contains("attention_mask") ? integer_rows(input, "attention_mask", input_path)
+                                                           : at::ones_like(ids);
+  if (mask.sizes() != ids.sizes())
+    throw DataError(fmt::format("{}: attention_mask is {}, input_ids {}", input_path,
+                                fmt::join(mask.sizes(), "x"), fmt::join(ids.sizes(), "x")));
+  at::NoGradGuard no_grad;
+  write_outputs(out_dir, {{"last_hidden_state.bin", model->forward(ids, mask)}});
+  return 0;
+}
+
+// The Wan DiT on a reference run's inputs (io.json: x.bin [C_in, T, H, W], t.bin [1], context.bin
+// [L_text, text_dim], one sample as upstream's model takes it): out.bin [C_out, T, H, W].
+int forward_wan(const std::string& model_dir, const std::string& io_path, const std::string& out_dir) {
+  refuse_ranks("Wan DiT");
+  const auto model = std::make_shared<models::WanModel>(models::wan_config_from_dir(model_dir));
+  models::load_wan_parameters(*model, model_dir);
+  const nlohmann::json io = read_input(io_path);
+  const at::Tensor x = io_tensor(io, io_path, "x.bin"), t = io_tensor(io, io_path, "t.bin"),
+                   context = io_tensor(io, io_path, "context.bin");
+  at::NoGradGuard no_grad;
+  const at::Tensor out = model->forward(x.unsqueeze(0), t.reshape({1}), context.unsqueeze(0))[0];
+  write_outputs(out_dir, {{"out.bin", out}});
+  return 0;
+}
+
+// The Wan VAE on each case of a reference run (io.json's "cases", each with <case>_video.bin
+// [1, 3, T, H, W] in [-1, 1]): <case>_mu.bin and <case>_log_var.bin (raw, as encode gives them) and
+// <case>_decoded_raw.bin (mu decoded, unclamped), chunk by chunk as upstream runs them.
+int forward_wan_vae(const std::string& model_dir, const std::string& io_path, const std::string& out_dir) {
+  refuse_ranks("Wan VAE");
+  const auto model = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(model_dir));
+  models::load_parameters(*model, model_dir);
+  const nlohmann::json io = read_input(io_path);
+  if (!io.contains("cases") || !io["cases"].is_object() || io["cases"].empty())
+    throw DataError(fmt::format("{}: \"cases\" must name the videos to encode (<case>_video.bin)", io_path));
+  std::vector<std::pair<std::string, at::Tensor>> outputs;
+  at::NoGradGuard no_grad;
+  for (const auto& [name, ignored] : io["cases"].items()) {
+    const models::VaeEncoding encoding = model->encode(io_tensor(io, io_path, name + "_video.bin"));
+    outputs.emplace_back(name + "_mu.bin", encoding.mu);
+    outputs.emplace_back(name + "_log_var.bin", encoding.log_var);
+    outputs.emplace_back(name + "_decoded_raw.bin", model->decode(encoding.mu));
+  }
+  write_outputs(out_dir, outputs);
+  return 0;
+}
+
 // The model is checked against the layout, and the layout formed, as loom train does for a job's;
 // rank 0 writes the outputs, gathered whole.
-int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
-                bool sequence_parallel) {
+int forward_qwen2_vl(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
+                     bool sequence_parallel) {
   auto config = models::model_config_from_dir(model_dir);
   const dist::LaunchEnv launch = dist::launch_env_from_process();
   if (launch.world_size == 1 && sequence_parallel)
@@ -69,26 +199,9 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
   model_options.tp = {layout.tp, job.parallel.sequence_parallel};
   auto model = models::build_model(config, model_options);
   models::load_parameters(*model, model_dir);
-  std::ifstream in(input_path);
-  if (!in) throw DataError(fmt::format("{}: cannot open the input file", input_path));
-  nlohmann::json input;
-  try {
-    input = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: not valid JSON ({})", input_path, e.what()));
-  }
-  if (!input.contains("input_ids") || !input["input_ids"].is_array() || input["input_ids"].empty())
-    throw DataError(fmt::format("{}: input_ids must be a non-empty list of lists of token ids", input_path));
-  const auto& rows = input["input_ids"];
-  const size_t length = rows[0].size();
-  std::vector<int64_t> flat;
-  for (const auto& row : rows) {
-    if (!row.is_array() || row.size() != length)
-      throw DataError(fmt::format("{}: input_ids rows must be lists of equal length {}", input_path, length));
-    for (const auto& v : row) flat.push_back(v.get<int64_t>());
-  }
+  const nlohmann::json input = read_input(input_path);
   models::VisionLanguageInputs inputs;
-  inputs.input_ids = at::tensor(flat, at::kLong).view({static_cast<int64_t>(rows.size()), -1});
+  inputs.input_ids = integer_rows(input, "input_ids", input_path);
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> grids;
   const auto options = tasks::image_options_from_dir(model_dir, config);
@@ -118,6 +231,20 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
   return 0;
 }
 
+// The directory's family decides what the input holds and what is written.
+int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
+                bool sequence_parallel) {
+  const models::NamedModel named = models::find_model(model_dir);
+  const std::string& family = named.family->name;
+  if (family == "qwen2_vl" || family == "qwen2_5_vl")
+    return forward_qwen2_vl(model_dir, input_path, out_dir, sequence_parallel);
+  if (sequence_parallel) throw ConfigError("forward: --sequence-parallel is for Qwen2-VL models");
+  if (family == "umt5") return forward_umt5(named, model_dir, input_path, out_dir);
+  if (family == "wan") return forward_wan(model_dir, input_path, out_dir);
+  if (family == "wan_vae") return forward_wan_vae(model_dir, input_path, out_dir);
+  throw ConfigError(fmt::format("forward: {} models ({}) have no forward command", family, named.source));
+}
+
 }  // namespace
 
 Command add_forward(CLI::App& loom) {
@@ -126,16 +253,21 @@ Command add_forward(CLI::App& loom) {
     bool sequence_parallel = false;
   };
   auto arguments = std::make_shared<Arguments>();
-  auto* command =
-      loom.add_subcommand("forward", "One forward pass of a model directory on given ids and images");
+  auto* command = loom.add_subcommand(
+      "forward",
+      "One forward pass of a model directory on given inputs: ids and images (Qwen2-VL: logits.bin, "
+      "image_embeds.bin), ids and an attention mask (umT5: last_hidden_state.bin), or a reference run's "
+      "io.json "
+      "(Wan DiT: out.bin; Wan VAE: <case>_mu.bin, <case>_log_var.bin, <case>_decoded_raw.bin)");
   command->add_option("--model", arguments->model_dir, "Model directory (config.json + safetensors)")
       ->required();
   command
-      ->add_option("--input", arguments->input_path, "JSON with input_ids (list of lists) and images (paths)")
+      ->add_option("--input", arguments->input_path,
+                   "JSON with input_ids (list of lists) and images (paths) or attention_mask (list of lists)")
       ->required();
   command
       ->add_option("--out", arguments->out_dir,
-                   "Output directory for logits.bin, image_embeds.bin, shapes.json")
+                   "Output directory for the outputs' .bin files (float32) and shapes.json")
       ->required();
   command->add_flag("--sequence-parallel", arguments->sequence_parallel,
                     "Under loom run -n N (the ranks split the model, tp = N): split the sequence too");

@@ -25,3 +25,40 @@ for name in ("logits.bin", "image_embeds.bin"):
     print(f"{name}: max abs difference {diff:.2e}")
     assert diff < 1e-4, (name, diff)
 PY
+# The umT5 encoder (HF's UMT5EncoderModel format: input_ids and attention_mask) gives HF's
+# last_hidden_state within 1e-5 on the real tokens (padded positions are not compared: nothing uses them).
+UMT5="$SRC/tests/fixtures/umt5-tiny"
+"$LOOM" forward --model "$UMT5" --input "$UMT5/input.json" --out "$WORK/umt5" || fail "umT5 forward failed"
+python3 - "$WORK/umt5" "$UMT5" <<'PY'
+import json, struct, sys
+out, fix = sys.argv[1], sys.argv[2]
+def floats(path):
+    data = open(path, "rb").read()
+    return struct.unpack(f"<{len(data) // 4}f", data)
+assert json.load(open(f"{out}/shapes.json"))["last_hidden_state.bin"] == [2, 12, 32]
+mask = json.load(open(f"{fix}/input.json"))["attention_mask"]
+a, b = floats(f"{out}/last_hidden_state.bin"), floats(f"{fix}/last_hidden_state.bin")
+diff = max(abs(a[i] - b[i]) for i in range(len(a)) if mask[i // (12 * 32)][(i // 32) % 12])
+print(f"umT5 last_hidden_state.bin: max abs difference {diff:.2e} on the real tokens")
+assert diff < 1e-5, diff
+PY
+# Wan2.1's DiT and VAE on the inputs of the official code's reference run (io.json): out.bin, and per
+# clip length mu, log_var and the decoded video, within 1e-5 of upstream's.
+for part in dit vae; do
+  "$LOOM" forward --model "$SRC/tests/fixtures/wan-tiny/$part" --input "$SRC/tests/fixtures/wan-tiny/$part/io.json" \
+    --out "$WORK/wan-$part" || fail "Wan $part forward failed"
+done
+python3 - "$WORK" "$SRC/tests/fixtures/wan-tiny" <<'PY'
+import json, struct, sys
+work, fix = sys.argv[1], sys.argv[2]
+def floats(path):
+    data = open(path, "rb").read()
+    return struct.unpack(f"<{len(data) // 4}f", data)
+names = [("dit", "out.bin")] + [("vae", f"{case}_{what}.bin") for case in ("t5", "t9") for what in ("mu", "log_var", "decoded_raw")]
+for part, name in names:
+    a, b = floats(f"{work}/wan-{part}/{name}"), floats(f"{fix}/{part}/{name}")
+    assert len(a) == len(b), (part, name, len(a), len(b))
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    print(f"Wan {part} {name}: max abs difference {diff:.2e}")
+    assert diff < 1e-5, (part, name, diff)
+PY

@@ -8,4 +8,20 @@ grep -qxF "lm_head.weight	[152064, 3584]" "$WORK/names" || fail "lm_head shape"
 "$LOOM" shapes "$SRC/tests/fixtures/hf-qwen2-vl-tiny" --names | sed '$d' | sort > "$WORK/tiny"
 cut -f1,2 "$SRC/tests/fixtures/hf-qwen2-vl-tiny/state_dict_names.txt" | sort > "$WORK/expected"
 diff "$WORK/tiny" "$WORK/expected" || fail "tiny model names differ from HuggingFace's"
+# The other families: umT5 (Wan's text encoder) by name and from a model directory.
+"$LOOM" shapes umt5-xxl | grep -qx "umt5-xxl: 5680910336 parameters" || fail "umT5-XXL count"
+"$LOOM" shapes "$SRC/tests/fixtures/umt5-tiny" --names | sed '$d' | sort > "$WORK/umt5"
+cut -f1,2 "$SRC/tests/fixtures/umt5-tiny/state_dict.txt" | sort > "$WORK/expected"
+diff "$WORK/umt5" "$WORK/expected" || fail "tiny umT5 names differ from HuggingFace's"
+# Wan2.1's DiT at both published sizes, its VAE, and the tiny reference models' names as upstream's.
+"$LOOM" shapes wan2.1-t2v-1.3b | grep -qx "wan2.1-t2v-1.3b: 1418996800 parameters" || fail "Wan2.1 1.3B count"
+"$LOOM" shapes wan2.1-t2v-14b | grep -qx "wan2.1-t2v-14b: 14288491584 parameters" || fail "Wan2.1 14B count"
+"$LOOM" shapes wan2.1-vae | grep -qx "wan2.1-vae: 126892531 parameters" || fail "Wan2.1 VAE count"
+"$LOOM" shapes wan2.1-t2v-1.3b --names > "$WORK/wan"
+grep -qxF "blocks.29.cross_attn.norm_k.weight	[1536]" "$WORK/wan" || fail "Wan 1.3B names"
+for part in dit vae; do
+  "$LOOM" shapes "$SRC/tests/fixtures/wan-tiny/$part" --names | sed '$d' | sort > "$WORK/wan-$part"
+  sed "s/ \[/\t[/" "$SRC/tests/fixtures/wan-tiny/$part/state_dict.txt" | sort > "$WORK/expected"
+  diff "$WORK/wan-$part" "$WORK/expected" || fail "tiny Wan $part names differ from upstream's"
+done
 echo "shapes: counts and names match"

@@ -4,13 +4,114 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
+#include "loom/models/field_reader.h"
+#include "loom/models/umt5/model.h"
+#include "loom/models/wan/dit.h"
+#include "loom/models/wan/vae.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
 
-std::vector<std::string> model_families() { return {"qwen2_vl", "qwen2_5_vl"}; }
+namespace {
+
+bool model_type_is(const nlohmann::json& hf, const char* type) {
+  return hf.is_object() && hf.contains("model_type") && hf["model_type"] == type;
+}
+
+bool class_name_is(const nlohmann::json& hf, std::initializer_list<const char*> names) {
+  if (!hf.is_object() || !hf.contains("_class_name") || !hf["_class_name"].is_string()) return false;
+  const std::string name = hf["_class_name"].get<std::string>();
+  return std::any_of(names.begin(), names.end(), [&name](const char* n) { return name == n; });
+}
+
+ModelFamily qwen2_vl_family(const char* name) {
+  ModelFamily family;
+  family.name = name;
+  family.owns = [name](const nlohmann::json& hf) { return model_type_is(hf, name); };
+  for (const auto& published : published_config_names())
+    if (published_hf_config(published)["model_type"] == name) family.published.push_back(published);
+  family.published_config = published_hf_config;
+  family.build = [name](const nlohmann::json& hf, const std::string& source,
+                        const parallel::ParamOptions& options) {
+    return std::static_pointer_cast<core::Model>(
+        build_model(parse_qwen2vl_config(hf, name, source), options));
+  };
+  return family;
+}
+
+}  // namespace
+
+const std::vector<ModelFamily>& model_family_table() {
+  static const std::vector<ModelFamily> table = [] {
+    std::vector<ModelFamily> families = {qwen2_vl_family("qwen2_vl"), qwen2_vl_family("qwen2_5_vl")};
+    ModelFamily umt5;
+    umt5.name = "umt5";
+    umt5.owns = [](const nlohmann::json& hf) { return model_type_is(hf, "umt5"); };
+    umt5.published = published_umt5_config_names();
+    umt5.published_config = published_umt5_config;
+    umt5.build = [](const nlohmann::json& hf, const std::string& source,
+                    const parallel::ParamOptions& options) {
+      return std::static_pointer_cast<core::Model>(
+          std::make_shared<UMT5EncoderModel>(parse_umt5_config(hf, source), options));
+    };
+    families.push_back(std::move(umt5));
+    ModelFamily wan;
+    wan.name = "wan";
+    wan.owns = [](const nlohmann::json& hf) {
+      return class_name_is(hf, {"WanModel", "WanTransformer3DModel"}) ||
+             (model_type_is(hf, "t2v") && !hf.contains("_class_name"));
+    };
+    wan.published = published_wan_config_names();
+    wan.published_config = published_wan_config;
+    wan.build = [](const nlohmann::json& hf, const std::string& source,
+                   const parallel::ParamOptions& options) {
+      return std::static_pointer_cast<core::Model>(
+          std::make_shared<WanModel>(parse_wan_config(hf, source), options));
+    };
+    families.push_back(std::move(wan));
+    ModelFamily wan_vae;
+    wan_vae.name = "wan_vae";
+    wan_vae.owns = [](const nlohmann::json& hf) { return class_name_is(hf, {"WanVAE_", "WanVAE"}); };
+    wan_vae.published = published_wan_vae_config_names();
+    wan_vae.published_config = published_wan_vae_config;
+    wan_vae.build = [](const nlohmann::json& hf, const std::string& source,
+                       const parallel::ParamOptions& options) {
+      return std::static_pointer_cast<core::Model>(
+          std::make_shared<WanVAE>(parse_wan_vae_config(hf, source), options));
+    };
+    families.push_back(std::move(wan_vae));
+    return families;
+  }();
+  return table;
+}
+
+std::vector<std::string> model_families() {
+  std::vector<std::string> names;
+  for (const auto& family : model_family_table()) names.push_back(family.name);
+  return names;
+}
+
+NamedModel find_model(const std::string& what) {
+  std::vector<std::string> published;
+  for (const auto& family : model_family_table())
+    for (const auto& name : family.published) {
+      published.push_back(name);
+      if (name == what && !std::filesystem::exists(what))
+        return {&family, family.published_config(name), what};
+    }
+  if (!std::filesystem::is_directory(what))
+    throw ConfigError(fmt::format("'{}' is neither a model directory nor a published model (valid: {})", what,
+                                  fmt::join(published, ", ")));
+  const std::string path = (std::filesystem::path(what) / "config.json").string();
+  nlohmann::json hf = read_config_file(path);
+  for (const auto& family : model_family_table())
+    if (family.owns(hf)) return {&family, std::move(hf), path};
+  throw ConfigError(
+      fmt::format("{}: a config of no family Loom builds (families: {}; told apart by model_type "
+                  "or _class_name)",
+                  path, fmt::join(model_families(), ", ")));
+}
 
 Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
                                      const std::string& source) {
@@ -18,14 +119,7 @@ Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::
 }
 
 Qwen2VLConfig model_config_from_file(const std::string& path, const std::string& family) {
-  std::ifstream in(path);
-  if (!in) throw ConfigError(fmt::format("{}: cannot open the model config", path));
-  nlohmann::json hf;
-  try {
-    hf = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw ConfigError(fmt::format("{}: not valid JSON ({})", path, e.what()));
-  }
+  const nlohmann::json hf = read_config_file(path);
   std::string resolved = family;
   if (resolved.empty()) {
     if (!hf.contains("model_type") || !hf["model_type"].is_string())

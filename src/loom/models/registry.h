@@ -1,5 +1,6 @@
 // Model families Loom can build, by the name used in `model.family`.
 #pragma once
+#include <functional>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -7,11 +8,38 @@
 #include <vector>
 
 #include "loom/config/config.h"
+#include "loom/core/model.h"
 #include "loom/models/qwen2_vl/model.h"
 
 namespace loom::models {
 
+// A family of models Loom builds from a config.json: which config.json files are its own, the
+// published configurations `loom shapes` knows by name, and the model built over ParamOptions
+// (shapes_only: on the meta device, for listings). Each entry is the family's own code; this table
+// is the one place that lists them.
+struct ModelFamily {
+  std::string name;  // as model.family names it
+  std::function<bool(const nlohmann::json& hf)> owns;
+  std::vector<std::string> published;
+  std::function<nlohmann::json(const std::string& published_name)> published_config;
+  // `source` names the config in errors.
+  std::function<std::shared_ptr<core::Model>(const nlohmann::json& hf, const std::string& source,
+                                             const parallel::ParamOptions& options)>
+      build;
+};
+
+const std::vector<ModelFamily>& model_family_table();
 std::vector<std::string> model_families();
+
+// A model `loom shapes` or `loom forward` names: a published name (qwen2-vl-7b, umt5-xxl, ...) or a
+// directory holding a config.json, with its config and family. ConfigError naming it and listing the
+// published names (or the families) when it is neither, or no family owns its config.
+struct NamedModel {
+  const ModelFamily* family = nullptr;
+  nlohmann::json hf;
+  std::string source;  // the name, or the config.json's path
+};
+NamedModel find_model(const std::string& published_name_or_dir);
 
 // The architecture of a model from a HuggingFace config.json object; `source` names it in errors.
 Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,

@@ -14,28 +14,19 @@
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
+#include "reference_fixture.h"
 
 namespace loom::models {
 namespace {
 
 namespace fs = std::filesystem;
+using testing::message_of;
 
 const std::string kDir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/hf-qwen2-vl-tiny";
 
 nlohmann::json fixture_config() {
   std::ifstream in(kDir + "/config.json");
   return nlohmann::json::parse(in);
-}
-
-template <class E, class F>
-std::string message_of(F&& f) {
-  try {
-    f();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
 }
 
 // A copy of the fixture's model directory, removed at the end of the test.

@@ -4,6 +4,7 @@
 
 #include <optional>
 
+#include "loom/models/field_reader.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -11,66 +12,6 @@ namespace loom::models {
 namespace {
 
 using json = nlohmann::json;
-
-// Reads fields of one JSON object with errors naming the file and the dotted key.
-class FieldReader {
- public:
-  FieldReader(const json& object, std::string source, std::string prefix)
-      : object_(object), source_(std::move(source)), prefix_(std::move(prefix)) {}
-
-  bool has(const char* key) const { return object_.contains(key) && !object_[key].is_null(); }
-
-  int64_t integer(const char* key, std::optional<int64_t> fallback = std::nullopt) const {
-    if (!has(key)) return required(key, fallback);
-    const auto& v = object_[key];
-    if (!v.is_number_integer()) throw wrong_type(key, "an integer", v);
-    return v.get<int64_t>();
-  }
-  double number(const char* key, std::optional<double> fallback = std::nullopt) const {
-    if (!has(key)) return required(key, fallback);
-    const auto& v = object_[key];
-    if (!v.is_number()) throw wrong_type(key, "a number", v);
-    return v.get<double>();
-  }
-  bool boolean(const char* key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = object_[key];
-    if (!v.is_boolean()) throw wrong_type(key, "true or false", v);
-    return v.get<bool>();
-  }
-  std::string string(const char* key, const std::string& fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = object_[key];
-    if (!v.is_string()) throw wrong_type(key, "a string", v);
-    return v.get<std::string>();
-  }
-  std::vector<int64_t> integers(const char* key, std::vector<int64_t> fallback) const {
-    if (!has(key)) return fallback;
-    const auto& v = object_[key];
-    if (!v.is_array()) throw wrong_type(key, "a list of integers", v);
-    std::vector<int64_t> out;
-    for (const auto& item : v) {
-      if (!item.is_number_integer()) throw wrong_type(key, "a list of integers", v);
-      out.push_back(item.get<int64_t>());
-    }
-    return out;
-  }
-  ConfigError error(const char* key, const std::string& what) const {
-    return ConfigError(fmt::format("{}: {}{}: {}", source_, prefix_, key, what));
-  }
-
- private:
-  template <typename T>
-  T required(const char* key, std::optional<T> fallback) const {
-    if (!fallback) throw error(key, "missing required field");
-    return *fallback;
-  }
-  ConfigError wrong_type(const char* key, const char* expected, const json& v) const {
-    return error(key, fmt::format("expected {}, got {}", expected, v.dump()));
-  }
-  const json& object_;
-  std::string source_, prefix_;
-};
 
 void check_positive(const FieldReader& r, const char* key, int64_t value) {
   if (value <= 0) throw r.error(key, fmt::format("must be positive, got {}", value));

@@ -1,0 +1,262 @@
+#include "loom/models/wan/dit.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <cmath>
+
+#include "loom/checkpoint/hf_export.h"
+#include "loom/models/wan/layers.h"
+#include "loom/models/weights.h"
+#include "loom/nn/attention.h"
+#include "loom/util/errors.h"
+
+namespace loom::models {
+
+at::Tensor apply_linear(const WanLinear& layer, const at::Tensor& x) {
+  return at::linear(x.to(layer.weight.scalar_type()), layer.weight, layer.bias);
+}
+
+at::Tensor apply_linear_fp32(const WanLinear& layer, const at::Tensor& x) {
+  return at::linear(x.to(at::kFloat), layer.weight.to(at::kFloat), layer.bias.to(at::kFloat));
+}
+
+namespace {
+
+std::shared_ptr<WanLinear> make_linear(int64_t in, int64_t out, const parallel::ParamOptions& options) {
+  return std::make_shared<WanLinear>(in, out, /*bias=*/true, options);
+}
+
+}  // namespace
+
+WanPatchEmbedding::WanPatchEmbedding(const WanConfig& c, const parallel::ParamOptions& options)
+    : patch(c.patch_size) {
+  weight = register_parameter(
+      "weight", at::empty({c.dim, c.in_dim, patch[0], patch[1], patch[2]}, options.tensor_options()));
+  bias = register_parameter("bias", at::empty({c.dim}, options.tensor_options()));
+}
+
+at::Tensor WanPatchEmbedding::forward(const at::Tensor& latents, WanGrid* grid) const {
+  const at::Tensor rows = patchify(latents.to(weight.scalar_type()), patch, grid);  // [B, L, C_in pt ph pw]
+  return at::linear(rows, weight.reshape({weight.size(0), -1}), bias);              // [B, L, C]
+}
+
+WanTextEmbedding::WanTextEmbedding(const WanConfig& c, const parallel::ParamOptions& options) {
+  linear_1 = register_module("0", make_linear(c.text_dim, c.dim, options));
+  linear_2 = register_module("2", make_linear(c.dim, c.dim, options));
+}
+
+at::Tensor WanTextEmbedding::forward(const at::Tensor& text) const {
+  return apply_linear(*linear_2, at::gelu(apply_linear(*linear_1, text), "tanh"));  // [B, text_len, C]
+}
+
+WanTimeEmbedding::WanTimeEmbedding(const WanConfig& c, const parallel::ParamOptions& options) {
+  linear_1 = register_module("0", make_linear(c.freq_dim, c.dim, options));
+  linear_2 = register_module("2", make_linear(c.dim, c.dim, options));
+}
+
+at::Tensor WanTimeEmbedding::forward(const at::Tensor& sinusoid) const {
+  return apply_linear_fp32(*linear_2, at::silu(apply_linear_fp32(*linear_1, sinusoid)));  // [B, C] fp32
+}
+
+WanTimeProjection::WanTimeProjection(const WanConfig& c, const parallel::ParamOptions& options) : dim(c.dim) {
+  linear = register_module("1", make_linear(c.dim, 6 * c.dim, options));
+}
+
+at::Tensor WanTimeProjection::forward(const at::Tensor& e) const {
+  return apply_linear_fp32(*linear, at::silu(e.to(at::kFloat))).view({e.size(0), 6, dim});  // [B, 6, C]
+}
+
+WanAttention::WanAttention(const WanConfig& c, const parallel::ParamOptions& options)
+    : num_heads(c.num_heads), head_dim(c.head_dim()) {
+  q = register_module("q", make_linear(c.dim, c.dim, options));
+  k = register_module("k", make_linear(c.dim, c.dim, options));
+  v = register_module("v", make_linear(c.dim, c.dim, options));
+  o = register_module("o", make_linear(c.dim, c.dim, options));
+  if (c.qk_norm) {
+    norm_q = register_module("norm_q", std::make_shared<nn::RMSNorm>(c.dim, c.eps, options));
+    norm_k = register_module("norm_k", std::make_shared<nn::RMSNorm>(c.dim, c.eps, options));
+  }
+}
+
+std::array<at::Tensor, 3> WanAttention::project(const at::Tensor& x, const at::Tensor& keys_from) const {
+  at::Tensor query = apply_linear(*q, x), key = apply_linear(*k, keys_from);  // [B, L, C], [B, Lk, C]
+  if (norm_q) {
+    // RMSNorm over the whole width C (all heads at once), before the heads are split.
+    query = norm_q->forward(query);
+    key = norm_k->forward(key);
+  }
+  const at::Tensor value = apply_linear(*v, keys_from);
+  auto heads = [&](const at::Tensor& t) { return t.view({t.size(0), t.size(1), num_heads, head_dim}); };
+  return {heads(query), heads(key), heads(value)};
+}
+
+at::Tensor WanAttention::self_attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                        const std::vector<int64_t>& cu) const {
+  const int64_t batch = x.size(0), length = x.size(1);
+  auto [query, key, value] = project(x, x);  // [B, L, H, d]
+  query = apply_rotary_interleaved(query, cos, sin);
+  key = apply_rotary_interleaved(key, cos, sin);
+  auto tokens = [&](const at::Tensor& t) { return t.reshape({batch * length, num_heads, head_dim}); };
+  const at::Tensor attended =
+      nn::segment_attention(tokens(query), tokens(key), tokens(value), cu);          // (BL,H,d)
+  return apply_linear(*o, attended.reshape({batch, length, num_heads * head_dim}));  // [B, L, C]
+}
+
+at::Tensor WanAttention::cross_attention(const at::Tensor& x, const at::Tensor& text) const {
+  const auto [query, key, value] = project(x, text);  // [B, L, H, d], [B, text_len, H, d] x 2
+  const at::Tensor attended = models::cross_attention(query, key, value);  // [B, L, H, d]
+  return apply_linear(*o, attended.reshape({x.size(0), x.size(1), num_heads * head_dim}));
+}
+
+WanAttentionBlock::WanAttentionBlock(const WanConfig& c, const parallel::ParamOptions& options) : eps(c.eps) {
+  modulation = register_parameter("modulation", at::empty({1, 6, c.dim}, options.tensor_options()));
+  self_attn = register_module("self_attn", std::make_shared<WanAttention>(c, options));
+  if (c.cross_attn_norm)
+    norm3 = register_module("norm3", std::make_shared<nn::LayerNorm>(c.dim, c.eps, options));
+  cross_attn = register_module("cross_attn", std::make_shared<WanAttention>(c, options));
+  auto ffn = register_module("ffn", std::make_shared<nn::ModuleList>());
+  ffn_in = ffn->add("0", make_linear(c.dim, c.ffn_dim, options));
+  ffn_out = ffn->add("2", make_linear(c.ffn_dim, c.dim, options));
+}
+
+at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& text,
+                                      const at::Tensor& cos, const at::Tensor& sin,
+                                      const std::vector<int64_t>& cu) const {
+  at::Tensor x = x_in.to(at::kFloat);                          // [B, L, C] residual stream
+  const at::Tensor mod = modulation.to(at::kFloat) + e0;       // [B, 6, C]
+  auto part = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [B, 1, C]
+  const at::Tensor shift_1 = part(0), scale_1 = part(1), gate_1 = part(2);
+  const at::Tensor shift_2 = part(3), scale_2 = part(4), gate_2 = part(5);
+
+  const at::Tensor attn_in = layer_norm_no_affine(x, eps) * (1 + scale_1) + shift_1;
+  x = x + self_attn->self_attention(attn_in, cos, sin, cu) * gate_1;
+
+  const at::Tensor cross_in =
+      norm3 ? at::layer_norm(x, {x.size(-1)}, norm3->weight.to(at::kFloat), norm3->bias.to(at::kFloat), eps)
+            : x;
+  x = x + cross_attn->cross_attention(cross_in, text);
+
+  const at::Tensor ffn_in_x = layer_norm_no_affine(x, eps) * (1 + scale_2) + shift_2;
+  const at::Tensor ffn_y = apply_linear(*ffn_out, at::gelu(apply_linear(*ffn_in, ffn_in_x), "tanh"));
+  return x + ffn_y * gate_2;  // [B, L, C] float32
+}
+
+WanHead::WanHead(const WanConfig& c, const parallel::ParamOptions& options) : eps(c.eps) {
+  modulation = register_parameter("modulation", at::empty({1, 2, c.dim}, options.tensor_options()));
+  head = register_module("head", make_linear(c.dim, c.patch_out_width(), options));
+}
+
+at::Tensor WanHead::forward(const at::Tensor& x, const at::Tensor& e) const {
+  const at::Tensor mod = modulation.to(at::kFloat) + e.to(at::kFloat).unsqueeze(1);  // [B, 2, C]
+  const at::Tensor shift = mod.narrow(1, 0, 1), scale = mod.narrow(1, 1, 1);         // [B, 1, C]
+  return apply_linear_fp32(*head,
+                           layer_norm_no_affine(x, eps) * (1 + scale) + shift);  // [B, L, pt ph pw C_out]
+}
+
+WanModel::WanModel(const WanConfig& c, const parallel::ParamOptions& options) : config(c) {
+  if (options.dtype != at::kFloat && options.dtype != at::kBFloat16)
+    throw ModelError(
+        fmt::format("Wan DiT runs in float32 or bfloat16, not {}", c10::toString(options.dtype)));
+  if (options.tp.size() > 1)
+    throw ModelError(fmt::format(
+        "Wan DiT cannot be split over {} tensor-parallel ranks: its q/k RMSNorm spans all heads (use tp 1)",
+        options.tp.size()));
+  patch_embedding = register_module("patch_embedding", std::make_shared<WanPatchEmbedding>(c, options));
+  text_embedding = register_module("text_embedding", std::make_shared<WanTextEmbedding>(c, options));
+  time_embedding = register_module("time_embedding", std::make_shared<WanTimeEmbedding>(c, options));
+  time_projection = register_module("time_projection", std::make_shared<WanTimeProjection>(c, options));
+  auto list = register_module("blocks", std::make_shared<nn::ModuleList>());
+  for (int64_t i = 0; i < c.num_layers; ++i)
+    blocks.push_back(list->append(std::make_shared<WanAttentionBlock>(c, options)));
+  head = register_module("head", std::make_shared<WanHead>(c, options));
+  layers_ = wan_layers(*this);
+}
+
+std::shared_ptr<const WanContext> WanModel::context(const at::Tensor& latents, const at::Tensor& timesteps,
+                                                    const at::Tensor& text) const {
+  return wan_context(config, latents, timesteps, text);
+}
+
+at::Tensor WanModel::forward(const at::Tensor& latents, const at::Tensor& timesteps,
+                             const at::Tensor& text) const {
+  const auto c = context(latents, timesteps, text);
+  const at::Tensor e = time_embedding->forward(wan_sinusoid(config.freq_dim, c->timesteps));  // [B, C]
+  const at::Tensor e0 = time_projection->forward(e);                                          // [B, 6, C]
+  const at::Tensor words = text_embedding->forward(c->text);           // [B, text_len, C]
+  at::Tensor x = patch_embedding->forward(c->latents).to(at::kFloat);  // [B, L, C]
+  for (const auto& block : blocks) x = block->forward(x, e0, words, c->rope_cos, c->rope_sin, c->self_cu);
+  return unpatchify(head->forward(x, e), c->grid, config.patch_size, config.out_dim);  // [B, C_out, T, H, W]
+}
+
+nlohmann::json WanModel::hf_config() const {
+  nlohmann::json hf = to_hf_config(config);
+  hf["torch_dtype"] = checkpoint::hf_torch_dtype(head->head->weight.scalar_type());
+  return hf;
+}
+
+std::vector<std::string> WanModel::freeze_examples() const {
+  return {
+      "patch_embedding", "text_embedding", "time_embedding", "time_projection", "blocks", "blocks.0", "head"};
+}
+
+namespace {
+
+bool starts_with(const std::string& s, const std::string& prefix) { return s.rfind(prefix, 0) == 0; }
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// What init_wan_parameters draws for one parameter.
+enum class InitRule { zeros, ones, normal, xavier };
+
+struct Init {
+  InitRule rule;
+  double std = 0;  // normal
+};
+
+Init init_of(const std::string& name, const at::Tensor& param) {
+  if (name == "head.head.weight") return {InitRule::zeros};
+  if (ends_with(name, ".bias")) return {InitRule::zeros};
+  if (ends_with(name, "modulation"))
+    return {InitRule::normal, 1.0 / std::sqrt(static_cast<double>(param.size(-1)))};
+  if (ends_with(name, ".norm_q.weight") || ends_with(name, ".norm_k.weight") ||
+      ends_with(name, ".norm3.weight"))
+    return {InitRule::ones};
+  if ((starts_with(name, "text_embedding.") || starts_with(name, "time_embedding.")) &&
+      ends_with(name, ".weight"))
+    return {InitRule::normal, 0.02};
+  if (ends_with(name, ".weight") && (param.dim() == 2 || name == "patch_embedding.weight"))
+    return {InitRule::xavier};
+  throw ModelError(fmt::format("init_wan_parameters: no initialisation rule for parameter '{}'", name));
+}
+
+}  // namespace
+
+void init_wan_parameters(WanModel& model, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (auto& [name, param] : named_parameters(model)) {
+    const Init init = init_of(name, param);
+    if (param.is_meta()) continue;
+    if (init.rule == InitRule::zeros) {
+      param.zero_();
+    } else if (init.rule == InitRule::ones) {
+      param.fill_(1.0);
+    } else {
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(derive_seed(seed, "init/" + name));
+      at::Tensor values = at::empty(param.sizes(), at::kFloat);
+      if (init.rule == InitRule::normal) {
+        values.normal_(0.0, init.std, generator);
+      } else {
+        // Xavier-uniform over the weight as a matrix [out, in] (the patch embedding's kernel flattened).
+        const double fan_out = static_cast<double>(param.size(0));
+        const double fan_in = static_cast<double>(param.numel()) / fan_out;
+        const double bound = std::sqrt(6.0 / (fan_in + fan_out));
+        values.uniform_(-bound, bound, generator);
+      }
+      param.copy_(values);
+    }
+  }
+}
+
+}  // namespace loom::models
