@@ -3,7 +3,9 @@
 // the CLI11 app and returns what runs it once parsed.
 #pragma once
 #include <CLI/CLI.hpp>
+#include <cstdint>
 #include <functional>
+#include <string>
 #include <vector>
 
 namespace loom::cli {
@@ -28,6 +30,17 @@ Command add_shapes(CLI::App& loom);    // shapes.cpp
 Command add_export(CLI::App& loom);    // export.cpp
 Command add_chat(CLI::App& loom);      // generate.cpp
 Command add_generate(CLI::App& loom);  // generate.cpp
+// loom generate's video form (generate_video.cpp): a clip for `prompt` from a flow_matching job's
+// checkpoint. Unset options (0, negative or empty) take the job's sample_* keys and data sizes.
+struct VideoGeneration {
+  std::string config_path, checkpoint, prompt, out_dir, solver;
+  std::vector<std::string> overrides;
+  int64_t frames = 0, steps = 0;
+  double guidance = -1, shift = 0, fps = 8;
+  uint64_t seed = 0;
+};
+int run_generate_video(const VideoGeneration& generation);
+
 // `data` and its subcommands tokenize and export (data.cpp).
 std::vector<Command> add_data(CLI::App& loom);
 

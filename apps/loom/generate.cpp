@@ -271,25 +271,73 @@ Command add_generate(CLI::App& loom) {
     std::string model, input, output;
     int64_t batch_size = 8;
     tasks::SamplingOptions sampling;
+    VideoGeneration video;
   };
   auto arguments = std::make_shared<Arguments>();
   arguments->sampling.max_new_tokens = 256;
   auto* command = loom.add_subcommand(
-      "generate", "Answer a JSONL file of prompts: loom generate MODEL --prompts FILE --out FILE");
+      "generate",
+      "Answer a JSONL file of prompts (loom generate MODEL --prompts FILE --out FILE), or make a clip for a "
+      "caption with a flow_matching job's checkpoint (loom generate JOB.yaml --checkpoint DIR --prompt TEXT "
+      "--out DIR)");
   command
       ->add_option("model", arguments->model,
-                   "Checkpoint or model directory, or a run directory (its newest checkpoint)")
+                   "A model or checkpoint directory, or a run directory (its newest checkpoint); or the "
+                   "config file of a flow_matching job")
       ->required();
+  auto* prompts =
+      command->add_option("--prompts", arguments->input,
+                          "JSONL: {\"prompt\": TEXT} or {\"messages\": [...]}, with \"images\": [paths]");
   command
-      ->add_option("--prompts", arguments->input,
-                   "JSONL: {\"prompt\": TEXT} or {\"messages\": [...]}, with \"images\": [paths]")
+      ->add_option("--out", arguments->output,
+                   "JSONL of the answers, in the prompts' order; for a clip, the directory of video.gif, "
+                   "video.mp4 and video/frame-NNNN.png")
       ->required();
-  command->add_option("--out", arguments->output, "JSONL of the answers, in the prompts' order")->required();
   command->add_option("--batch-size", arguments->batch_size, "Prompts decoded together (default 8)");
   add_sampling_options(command, arguments->sampling);
-  return {command, [arguments] {
+  auto& v = arguments->video;
+  std::vector<CLI::Option*> video_only = {
+      command->add_option("--checkpoint", v.checkpoint, "Clips: the DiT's checkpoint or run directory"),
+      command->add_option("--prompt", v.prompt, "Clips: the caption"),
+      command->add_option("--frames", v.frames, "Clips: frames, 1 + 4k (default: the job's data.frames)"),
+      command->add_option("--steps", v.steps, "Clips: solver steps (default: training.sample_steps)"),
+      command->add_option("--guidance", v.guidance,
+                          "Clips: classifier-free guidance (default: sample_guidance)"),
+      command->add_option("--solver", v.solver, "Clips: euler, dpm++ or unipc (default: sample_solver)"),
+      command->add_option("--shift", v.shift, "Clips: the schedule's shift (default: sample_shift)"),
+      command->add_option("--fps", v.fps, "Clips: frames per second of the GIF and MP4 (default 8)"),
+      command->add_option("--set", v.overrides, kOverrideHelp)};
+  return {command, [arguments, prompts, video_only, command] {
             const auto& a = *arguments;
-            return run_generate(a.model, a.input, a.output, a.batch_size, a.sampling);
+            const bool job_file = fs::is_regular_file(a.model);
+            if (!job_file) {
+              for (const CLI::Option* option : video_only)
+                if (option->count() > 0)
+                  throw ConfigError(
+                      fmt::format("generate: {} is for clips from a job file; '{}' is a model "
+                                  "directory",
+                                  option->get_name(), a.model));
+              if (prompts->count() == 0)
+                throw ConfigError("generate: --prompts is required to answer with a model directory");
+              return run_generate(a.model, a.input, a.output, a.batch_size, a.sampling);
+            }
+            for (const char* answers_only :
+                 {"--prompts", "--batch-size", "--max-new-tokens", "--temperature", "--top-k", "--top-p"})
+              if (command->get_option(answers_only)->count() > 0)
+                throw ConfigError(
+                    fmt::format("generate: {} is for answers from a model directory; '{}' is a job "
+                                "file (clips take --prompt, --checkpoint, --frames, --steps, "
+                                "--guidance, --solver, --shift, --seed, --fps)",
+                                answers_only, a.model));
+            for (const char* required : {"--checkpoint", "--prompt"})
+              if (command->get_option(required)->count() == 0)
+                throw ConfigError(
+                    fmt::format("generate: {} is required to make a clip with a job file", required));
+            VideoGeneration video = a.video;
+            video.config_path = a.model;
+            video.out_dir = a.output;
+            video.seed = a.sampling.seed;
+            return run_generate_video(video);
           }};
 }
 

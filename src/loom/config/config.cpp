@@ -127,9 +127,28 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
     case ReadBy::built_in:
       r.fail(name, fmt::format("is not used by dataset messages (images are sized by {} and {}); remove it",
                                key::name_of(&S::min_pixels), key::name_of(&S::max_pixels)));
-    case ReadBy::fashion_mnist:
+    case ReadBy::built_in_images:
+      if (d.reads(ReadBy::video))
+        r.fail(name, fmt::format("is not used by dataset {} (its clips are sized by {}); remove it",
+                                 d.dataset, r.key_of(key::name_of(&S::video_size))));
+      r.fail(name, fmt::format("is not used by dataset messages (images are sized by {} and {}); remove it",
+                               key::name_of(&S::min_pixels), key::name_of(&S::max_pixels)));
+    case ReadBy::video:
+      r.fail(name,
+             fmt::format("is only used by the video dataset moving_fashion, not {}; remove it", d.dataset));
+    default:
       return;
   }
+}
+
+void refuse_unread(const SectionReader& r, const ModelSection& m, const char* name, ReadBy) {
+  r.fail(name, fmt::format("is only used by family wan (the Wan2.1 DiT's frozen helpers), not {}; remove it",
+                           m.family));
+}
+
+void refuse_unread(const SectionReader& r, const TrainingSection& t, const char* name, ReadBy readers) {
+  r.fail(name, fmt::format("is only used by task {}, not {}; remove it",
+                           readers == ReadBy::vae ? "vae" : "flow_matching", t.task));
 }
 
 // Reads the keys S declares from one mapping into `section`: for each key in order, refused if the
@@ -164,6 +183,13 @@ class KeyReader {
   template <class... A>
   void operator()(const char* name, const key::PathOrMapping<S>& field, const A&... attributes) {
     const YamlValue* value = r_.get(name);
+    if constexpr (has_read_by<A...>) {
+      const ReadBy readers = *key::find_attribute<ReadBy>(attributes...);
+      if (!section_.reads(readers)) {
+        if (!value) return;
+        refuse_unread(r_, section_, name, readers);
+      }
+    }
     if (!value) {
       if (key::find_attribute<key::Required>(attributes...)) r_.missing(name, required_hint(attributes...));
       return;
@@ -310,7 +336,7 @@ void check_rules(const SectionReader& r, const DataSection& d) {
                                        d.min_pixels, d.max_pixels));
   if (!d.dir.empty() && d.dataset == "shapes_vqa")
     r.fail(&S::dir, "is not used by dataset shapes_vqa (it is generated, not read); remove it");
-  if (d.image_size <= 0 || d.image_size % 28 != 0)
+  if (d.reads(ReadBy::built_in_images) && (d.image_size <= 0 || d.image_size % 28 != 0))
     r.fail(&S::image_size, fmt::format("must be a positive multiple of 28, got {}", d.image_size));
   if (d.hflip && !d.reads(ReadBy::fashion_mnist))
     r.fail(
@@ -324,7 +350,7 @@ void check_rules(const SectionReader& r, const DataSection& d) {
                           ? std::string("shapes_vqa asks which quadrant a shape is in: a moved image could "
                                         "carry a shape across the boundary and contradict its answers")
                           : fmt::format("is only available for dataset fashion_mnist, not {}", d.dataset));
-  if (d.shift * 2 >= d.image_size)
+  if (d.reads(ReadBy::fashion_mnist) && d.shift * 2 >= d.image_size)
     r.fail(&S::shift, fmt::format("must be less than half of {} ({}), got {}",
                                   r.key_of(key::name_of(&S::image_size)), d.image_size, d.shift));
 }
@@ -435,10 +461,15 @@ bool DataSection::reads(ReadBy datasets) const {
       return dataset == "messages";
     case ReadBy::built_in:
       return dataset != "messages";
+    case ReadBy::built_in_images:
+      return dataset == "shapes_vqa" || dataset == "fashion_mnist";
     case ReadBy::fashion_mnist:
       return dataset == "fashion_mnist";
+    case ReadBy::video:
+      return dataset == "moving_fashion";
+    default:
+      return false;
   }
-  return false;
 }
 
 JobConfig parse_config(const std::string& yaml_text, const std::string& source,

@@ -15,8 +15,15 @@ namespace loom::config {
 // messages that list valid keys and the key tables of docs/config.md all follow that list. Its
 // order is the order keys are read, written and listed in.
 
+// Who reads a key that not every job reads: to_yaml writes the key only for them, and reading refuses
+// it for the others when given. Data keys by dataset (fashion_mnist's keys only when set otherwise
+// than off: shapes_vqa's job.yaml files have held `hflip: false` and `shift: 0`): messages, every
+// built-in set, the built-in image sets, fashion_mnist, the video sets. Model keys by family: the Wan
+// DiT. Training keys by task: flow_matching, vae.
+enum class ReadBy { messages, built_in, built_in_images, fashion_mnist, video, wan, flow_matching, vae };
+
 struct ModelSection {
-  std::string family;               // required: qwen2_vl | qwen2_5_vl
+  std::string family;               // required: qwen2_vl | qwen2_5_vl | wan | wan_vae
   std::string hf_config_path;       // model.hf_config given as a string: path to a HF config.json, or a
                                     // published model's name (qwen2-vl-2b, as loom shapes lists them)
   nlohmann::json hf_config;         // model.hf_config given inline as a YAML mapping, converted to JSON;
@@ -24,12 +31,20 @@ struct ModelSection {
                                     // config.json of init_from
   std::string init_from;            // "" or a model directory (HF-style config.json + safetensors)
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
+  // family wan only: the frozen helpers of flow matching.
+  std::string vae;                // a Wan VAE model directory, or the run directory of a vae job
+  std::string text_encoder_path;  // model.text_encoder as a string: a umT5 model directory
+  nlohmann::json text_encoder;    // model.text_encoder inline: a umT5 config.json's fields, the weights
+                                  // drawn from training.seed (a fixed random encoder, for built-in data)
 
+  bool reads(ReadBy readers) const { return readers == ReadBy::wan && family == "wan"; }
+
+  // `family` comes first: whether vae and text_encoder are read depends on it.
   template <class Keys>
   static void keys(Keys& k) {
     using namespace key;
     using S = ModelSection;
-    k("family", &S::family, required(), one_of({"qwen2_vl", "qwen2_5_vl"}));
+    k("family", &S::family, required(), one_of({"qwen2_vl", "qwen2_5_vl", "wan", "wan_vae"}));
     // Required unless init_from names a model directory (check_rules).
     k("hf_config",
       path_or_mapping(
@@ -38,6 +53,14 @@ struct ModelSection {
       not_empty("a path to a HF config.json, a published model's name, or an inline mapping"));
     k("init_from", &S::init_from);
     k("freeze", &S::freeze, no_empty_entry("module prefix"));
+    k("vae", &S::vae, ReadBy::wan, required("a Wan VAE model directory or a vae job's run directory"),
+      not_empty());
+    k("text_encoder",
+      path_or_mapping(&S::text_encoder_path, &S::text_encoder,
+                      "a umT5 model directory or an inline umT5 config (weights drawn from the seed)"),
+      ReadBy::wan,
+      required("a umT5 model directory, or an inline umT5 config whose weights are drawn from the seed"),
+      not_empty("a umT5 model directory or an inline mapping"));
   }
 };
 
@@ -63,13 +86,8 @@ struct DatasetFile {
   }
 };
 
-// The datasets that read a data key: to_yaml writes the key only for them, and reading refuses it
-// for the others when given (fashion_mnist's keys only when set otherwise than off: shapes_vqa's
-// job.yaml files have held `hflip: false` and `shift: 0`).
-enum class ReadBy { messages, built_in, fashion_mnist };
-
 struct DataSection {
-  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | messages
+  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | moving_fashion | messages
   // messages only:
   std::string tokenizer;                                      // HF tokenizer.json or SentencePiece .model
   std::vector<DatasetFile> datasets, eval_datasets;           // training mix; held-out files (may be empty)
@@ -80,6 +98,9 @@ struct DataSection {
   int64_t image_size = 56;  // positive multiple of 28
   bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
   int64_t shift = 0;        // fashion_mnist: move each training image by up to this many pixels
+  // moving_fashion only:
+  int64_t video_size = 48;  // the square canvas's side in pixels
+  int64_t frames = 9;       // frames per clip
   // every dataset:
   int64_t eval_samples = 1000;  // > 0, at most the held-out split (shapes_vqa: ShapesVqa::kMaxEvalSamples)
   int64_t eval_max_new_tokens = 64;  // > 0: the longest answer the evaluation decodes
@@ -99,7 +120,7 @@ struct DataSection {
   static void keys(Keys& k) {
     using namespace key;
     using S = DataSection;
-    k("dataset", &S::dataset, one_of({"shapes_vqa", "fashion_mnist", "messages"}));
+    k("dataset", &S::dataset, one_of({"shapes_vqa", "fashion_mnist", "moving_fashion", "messages"}));
     k("tokenizer", &S::tokenizer, ReadBy::messages,
       required("a HuggingFace tokenizer.json or a SentencePiece .model"), not_empty());
     k("datasets", &S::datasets, ReadBy::messages,
@@ -110,9 +131,11 @@ struct DataSection {
     k("max_pixels", &S::max_pixels, ReadBy::messages,
       at_most(int64_t{89'478'485}));  // decode's kMaxImagePixels
     k("dir", &S::dir, ReadBy::built_in);
-    k("image_size", &S::image_size, ReadBy::built_in, at_most(int64_t{4032}));
+    k("image_size", &S::image_size, ReadBy::built_in_images, at_most(int64_t{4032}));
     k("hflip", &S::hflip, ReadBy::fashion_mnist);
     k("shift", &S::shift, ReadBy::fashion_mnist, at_least(0));
+    k("video_size", &S::video_size, ReadBy::video, at_least(int64_t{16}), at_most(int64_t{4096}));
+    k("frames", &S::frames, ReadBy::video, at_least(int64_t{1}), at_most(int64_t{4097}));
     k("eval_samples", &S::eval_samples, at_least(1));
     k("eval_max_new_tokens", &S::eval_max_new_tokens, at_least(1), at_most(kMaxSequence));
     k("max_seq_len", &S::max_seq_len, at_least(1), at_most(kMaxSequence));
@@ -187,6 +210,22 @@ struct TrainingSection {
   // What the job trains: its step data, loss and evaluation. vlm_sft: chat-template supervised
   // fine-tuning of a vision-language model, evaluated by VQA exact match.
   std::string task = "vlm_sft";
+  // task flow_matching: the noise level s of each training sample, drawn uniform or logit-normal
+  // (sigmoid of N(logit_mean, logit_std^2)) and shifted as Wan's schedule does, s' = shift s / (1 +
+  // (shift - 1) s); a caption replaced by the empty prompt's with probability caption_dropout (so the
+  // model learns the unconditional velocity classifier-free guidance needs).
+  double flow_shift = 3.0;
+  std::string timestep_sampling = "logit_normal";  // uniform | logit_normal
+  double logit_mean = 0.0, logit_std = 1.0;
+  double caption_dropout = 0.1;  // [0, 1)
+  // Sampling held-out captions (the evaluation) and loom generate's defaults.
+  std::string sample_solver = "dpm++";  // euler | dpm++ | unipc
+  int64_t sample_steps = 25;
+  double sample_guidance = 5.0, sample_shift = 3.0;
+  int64_t eval_videos = 4;  // held-out captions sampled at each evaluation (0: none)
+  // task vae: the loss per pixel is the squared reconstruction error plus kl_weight x the KL divergence
+  // of the posterior from N(0, I), summed over the latent elements, per pixel.
+  double kl_weight = 1e-4;
   std::string output_dir = "runs/default";
   int64_t save_every = 0;       // 0 = save only at the end
   int64_t keep_last = 2;        // >= 1
@@ -202,6 +241,11 @@ struct TrainingSection {
   // Bounds on counts that become allocations or threads (the thread count is further held to a
   // multiple of the machine's cores, with a warning).
   static constexpr int64_t kMaxBatchSize = int64_t{1} << 20, kMaxThreads = 4096;
+
+  bool reads(ReadBy readers) const {
+    return (readers == ReadBy::flow_matching && task == "flow_matching") ||
+           (readers == ReadBy::vae && task == "vae");
+  }
 
   template <class Keys>
   static void keys(Keys& k) {
@@ -223,7 +267,18 @@ struct TrainingSection {
     // The task is a training key, not a top-level one: the file stays sections only, so it is
     // `training.task` in messages and --set like every key, and it is what training optimises
     // (supervised fine-tuning now; preference and diffusion objectives later).
-    k("task", &S::task, one_of({"vlm_sft"}));
+    k("task", &S::task, one_of({"vlm_sft", "flow_matching", "vae"}));
+    k("flow_shift", &S::flow_shift, ReadBy::flow_matching, above(0.0));
+    k("timestep_sampling", &S::timestep_sampling, ReadBy::flow_matching, one_of({"uniform", "logit_normal"}));
+    k("logit_mean", &S::logit_mean, ReadBy::flow_matching);
+    k("logit_std", &S::logit_std, ReadBy::flow_matching, above(0.0));
+    k("caption_dropout", &S::caption_dropout, ReadBy::flow_matching, in_unit_interval());
+    k("sample_solver", &S::sample_solver, ReadBy::flow_matching, one_of({"euler", "dpm++", "unipc"}));
+    k("sample_steps", &S::sample_steps, ReadBy::flow_matching, at_least(int64_t{1}), at_most(int64_t{1000}));
+    k("sample_guidance", &S::sample_guidance, ReadBy::flow_matching, at_least(0.0));
+    k("sample_shift", &S::sample_shift, ReadBy::flow_matching, above(0.0));
+    k("eval_videos", &S::eval_videos, ReadBy::flow_matching, at_least(int64_t{0}), at_most(int64_t{1000}));
+    k("kl_weight", &S::kl_weight, ReadBy::vae, at_least(0.0));
     k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
     k("save_every", &S::save_every, at_least(0));
     k("keep_last", &S::keep_last, at_least(1), at_most(int64_t{1} << 30));

@@ -91,7 +91,9 @@ class KeyWriter {
 
   // A path, or the fields inline as a block mapping.
   template <class... A>
-  void operator()(const char* name, const key::PathOrMapping<S>& field, const A&...) {
+  void operator()(const char* name, const key::PathOrMapping<S>& field, const A&... attributes) {
+    if constexpr ((std::is_same_v<A, ReadBy> || ...))
+      if (!section_.reads(*key::find_attribute<ReadBy>(attributes...))) return;
     const std::string& path = section_.*(field.path);
     const nlohmann::json& mapping = section_.*(field.mapping);
     if (path.empty() && mapping.is_null()) return;  // neither given: left out, as it was

@@ -61,8 +61,10 @@ class Task {
   // to its loss sum on the last stage, to the carry the next stage takes on any other. The task
   // builds the context the stage's layers read from the micro-batch.
   virtual ForwardResult forward(const MicroBatch& batch, const Stage& stage, Carry input) = 0;
-  // Evaluates the model on the held-out data, its parameters whole (every rank calls it).
-  virtual Evaluation evaluate() = 0;
+  // Evaluates the model on the held-out data, its parameters whole (every rank calls it). `step`: the
+  // training step whose weights these are, or -1 outside training (loom eval); a task that writes
+  // what it samples (videos) names the folder by it.
+  virtual Evaluation evaluate(int64_t step) = 0;
   // Writes what a checkpoint carries besides weights and training state (a tokenizer, processor
   // settings) into `dir`.
   virtual void save_artifacts(const std::string& dir) const = 0;

@@ -139,33 +139,43 @@ std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
   return std::make_shared<Qwen2VLForConditionalGeneration>(config, options, vision_tp);
 }
 
-namespace {
-
-// model.hf_config, or init_from's config.json without it.
-Qwen2VLConfig configured_model_config(const config::JobConfig& job) {
+NamedConfig job_hf_config(const config::JobConfig& job) {
   const auto& m = job.model;
   if (m.hf_config_path.empty() && m.hf_config.is_null()) {  // the config of init_from
-    if (!std::filesystem::is_regular_file(m.init_from + "/config.json"))
+    const std::string path = m.init_from + "/config.json";
+    if (!std::filesystem::is_regular_file(path))
       throw ConfigError(
           fmt::format("model.init_from: '{}' has no config.json to take the model's config from (or give "
                       "model.hf_config)",
                       m.init_from));
-    return model_config_from_dir(m.init_from, m.family);
+    return {read_config_file(path), path};
   }
   if (!m.hf_config_path.empty()) {
-    const auto published = published_config_names();
+    std::vector<std::string> published;
+    for (const auto& family : model_family_table())
+      if (family.name == m.family) published = family.published;
     if (!std::filesystem::exists(m.hf_config_path) &&
         std::find(published.begin(), published.end(), m.hf_config_path) != published.end())
-      return model_config_from_json(m.family, published_hf_config(m.hf_config_path),
-                                    job.source + ": model.hf_config " + m.hf_config_path);
+      for (const auto& family : model_family_table())
+        if (family.name == m.family)
+          return {family.published_config(m.hf_config_path),
+                  job.source + ": model.hf_config " + m.hf_config_path};
     if (!std::filesystem::is_regular_file(m.hf_config_path))
       throw ConfigError(fmt::format(
           "model.hf_config: '{}' is not a file (give a config.json path, inline fields or a published "
-          "model: {})",
-          m.hf_config_path, fmt::join(published, ", ")));
-    return model_config_from_file(m.hf_config_path, m.family);
+          "{} model: {})",
+          m.hf_config_path, m.family, fmt::join(published, ", ")));
+    return {read_config_file(m.hf_config_path), m.hf_config_path};
   }
-  return model_config_from_json(m.family, m.hf_config, job.source + ": model.hf_config");
+  return {m.hf_config, job.source + ": model.hf_config"};
+}
+
+namespace {
+
+// model.hf_config, or init_from's config.json without it.
+Qwen2VLConfig configured_model_config(const config::JobConfig& job) {
+  const NamedConfig named = job_hf_config(job);
+  return parse_qwen2vl_config(named.hf, job.model.family, named.source);
 }
 
 // model.hf_config's architecture checked against init_from's own config.json, when it has one: the

@@ -41,6 +41,14 @@ struct NamedModel {
 };
 NamedModel find_model(const std::string& published_name_or_dir);
 
+// The config.json object a job's model section names, and what names it in errors: model.hf_config
+// (a path, a published name of model.family, or inline fields), else init_from's config.json.
+struct NamedConfig {
+  nlohmann::json hf;
+  std::string source;
+};
+NamedConfig job_hf_config(const config::JobConfig& job);
+
 // The architecture of a model from a HuggingFace config.json object; `source` names it in errors.
 Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
                                      const std::string& source);

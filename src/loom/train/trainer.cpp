@@ -244,6 +244,7 @@ std::optional<checkpoint::RunDirectoryLock> Trainer::lock_output_dir() const {
 
 std::optional<core::Evaluation> Trainer::train() {
   const auto& t = job_.training;
+  in_training_ = true;
   // Before choosing the checkpoint to resume from: another trainer may be writing the next one.
   const std::optional<checkpoint::RunDirectoryLock> lock = lock_output_dir();
   peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
@@ -371,7 +372,7 @@ core::Evaluation Trainer::evaluate() {
   // FSDP: ranks evaluate different batches for different numbers of steps, so the weights are
   // made whole once rather than gathered per layer (inference holds no gradients or optimizer state).
   WholeParameters whole(*plan_.gradients);
-  return parts_.task->evaluate();
+  return parts_.task->evaluate(in_training_ ? step_ : -1);
 }
 
 void Trainer::log_eval(const core::Evaluation& result, MetricsLog* metrics) {

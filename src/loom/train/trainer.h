@@ -54,7 +54,8 @@ class Trainer {
   // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
   // metrics or evaluation; nothing is written) and measures the last `steps` (bench.cpp).
   BenchResult bench(int64_t warmup, int64_t steps);
-  // The task's evaluation, every parameter whole (every rank gets the whole result).
+  // The task's evaluation, every parameter whole (every rank gets the whole result): of the weights at
+  // the current step during train(), of whatever load_weights loaded otherwise.
   core::Evaluation evaluate();
   // What loom train --check adds to building the job: the checkpoint train() would resume from,
   // loaded as train() loads it (weights, optimizer and trainer state); nothing is trained or written.
@@ -93,6 +94,7 @@ class Trainer {
   AppliedPlan plan_;  // how gradients are summed and clipped, and the optimizer
   std::vector<at::Tensor> trainable_;
   int64_t step_ = 0;
+  bool in_training_ = false;       // evaluate() names the step only inside train()
   int64_t skipped_nonfinite_ = 0;  // over the whole run, resumes included (trainer_state.json)
   std::string last_saved_;         // the checkpoint this process last saved, for messages
   int64_t accumulation_ = 1;       // micro-batches per rank and step

@@ -278,17 +278,18 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_error(with_training("  precision: fp16\n")),
             "job.yaml: training.precision: 'fp16' is not one of fp32, bf16");
   EXPECT_EQ(parse_error("model: {family: llama, hf_config: a.json}\ntraining: {steps: 1}\n"),
-            "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl");
-  EXPECT_EQ(parse_error(kMinimal + "data: {dataset: mnist}\n"),
-            "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, messages");
+            "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, wan, wan_vae");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: {dataset: mnist}\n"),
+      "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, moving_fashion, messages");
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
             "job.yaml: features.recompute: 'full' is not one of none");
   EXPECT_EQ(parse_error(with_training("  task: dpo\n")),
-            "job.yaml: training.task: 'dpo' is not one of vlm_sft");
+            "job.yaml: training.task: 'dpo' is not one of vlm_sft, flow_matching, vae");
   EXPECT_EQ(parse_error(kMinimal, {"training.task=sft"}),
-            "--set training.task=sft: 'sft' is not one of vlm_sft");
+            "--set training.task=sft: 'sft' is not one of vlm_sft, flow_matching, vae");
   EXPECT_EQ(parse_config(with_training("  task: vlm_sft\n"), "job.yaml").training.task, "vlm_sft");
   EXPECT_EQ(parse_error(kMinimal + "tools: {log_level: verbose}\n"),
             "job.yaml: tools.log_level: 'verbose' is not one of trace, debug, info, warn, error");
@@ -390,6 +391,34 @@ TEST(ParseConfigErrors, YamlAliasBombAndDeepNesting) {
               HasSubstr("nested more than 64 levels deep"));
 }
 
+// Keys only some families, datasets and tasks read are refused for the others, never ignored.
+TEST(ParseConfigErrors, VideoKeysOnlyWhereRead) {
+  EXPECT_EQ(parse_error(kMinimal, {"model.vae=runs/vae"}),
+            "--set model.vae=runs/vae: is only used by family wan (the Wan2.1 DiT's frozen helpers), "
+            "not qwen2_vl; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"training.flow_shift=2"}),
+            "--set training.flow_shift=2: is only used by task flow_matching, not vlm_sft; "
+            "remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"training.kl_weight=0.1"}),
+            "--set training.kl_weight=0.1: is only used by task vae, not vlm_sft; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.frames=5"}),
+            "--set data.frames=5: is only used by the video dataset moving_fashion, not shapes_vqa; "
+            "remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=moving_fashion", "data.image_size=56"}),
+            "--set data.image_size=56: is not used by dataset moving_fashion (its clips are sized "
+            "by data.video_size); remove it");
+  const std::string wan =
+      "model: {family: wan, hf_config: a.json}\ntraining: {steps: 1, task: flow_matching}\n";
+  EXPECT_EQ(
+      parse_error(wan),
+      "job.yaml: missing required key 'model.vae' (a Wan VAE model directory or a vae job's run directory)");
+  const JobConfig c = parse_config(wan, "job.yaml", {"model.vae=runs/vae", "model.text_encoder.d_model=8"});
+  EXPECT_EQ(c.model.vae, "runs/vae");
+  EXPECT_EQ(c.model.text_encoder["d_model"], 8);
+  EXPECT_EQ(c.training.flow_shift, 3.0);
+  EXPECT_EQ(c.training.sample_solver, "dpm++");
+}
+
 TEST(LoadConfig, ADirectoryIsNoConfigFile) {
   const std::string dir = std::string(LOOM_SOURCE_DIR) + "/configs";
   EXPECT_EQ(error_of([&] { load_config(dir); }), dir + ": cannot read the config file: it is a directory");
@@ -403,7 +432,7 @@ TEST(ParseConfigErrors, MissingRequiredKeys) {
       parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {lr: 0.1}\n"),
       "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0)");
   EXPECT_EQ(parse_error("training: {steps: 1}\n"),
-            "job.yaml: missing required key 'model.family' (one of qwen2_vl, qwen2_5_vl)");
+            "job.yaml: missing required key 'model.family' (one of qwen2_vl, qwen2_5_vl, wan, wan_vae)");
   EXPECT_THAT(parse_error("model: {family: qwen2_vl}\ntraining: {steps: 1}\n"),
               HasSubstr("job.yaml: missing required key 'model.hf_config'"));
   EXPECT_THAT(parse_error(""), HasSubstr("job.yaml: missing required key 'model.family'"));
@@ -431,7 +460,8 @@ TEST(ParseConfigErrors, ModelShapes) {
 TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
             "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, eval_samples, "
+            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, "
+            "eval_samples, "
             "eval_max_new_tokens, "
             "max_seq_len, overlong, "
             "packing, num_workers, prefetch), got '5'");

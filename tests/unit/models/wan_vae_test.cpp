@@ -201,7 +201,33 @@ TEST_F(WanVaeTiny, ParameterNamesAndShapesMatchUpstream) {
   EXPECT_EQ(actual, expected);
   EXPECT_EQ(model->hf_config()["torch_dtype"], "float32");
   EXPECT_EQ(model->hf_config()["latents_std"], nlohmann::json::array({1.0, 1.0, 1.0, 1.0}));
-  EXPECT_TRUE(model->layers().empty());
+  std::vector<std::string> layers;
+  for (const auto& layer : model->layers()) layers.push_back(layer->name());
+  EXPECT_EQ(layers, (std::vector<std::string>{"encoder", "conv1", "conv2", "decoder"}));
+}
+
+// The training layers (task vae) are the one-pass encode and decode: with no noise in the context the
+// sample is mu, and the layers end in upstream's mu, log_var and decoded video.
+TEST_F(WanVaeTiny, LayersGiveUpstreamsPosteriorAndReconstruction) {
+  for (const auto& c : kCases) {
+    WanVaeContext context;
+    context.video = read_f32(c.name + "_video.bin", video_shape(c.frames));
+    const core::Carry carry = core::run_layers(model->layers(), {}, {}, context);
+    const auto lat = latent_shape(c.latent_frames);
+    EXPECT_LT(max_abs_diff(c.name + " layers mu", carry.get("mu"), read_f32(c.name + "_mu.bin", lat)),
+              kTolerance);
+    EXPECT_LT(max_abs_diff(c.name + " layers log_var", carry.get("log_var"),
+                           read_f32(c.name + "_log_var.bin", lat)),
+              kTolerance);
+    EXPECT_LT(max_abs_diff(c.name + " layers decoded", carry.get("hidden"),
+                           read_f32(c.name + "_decoded_raw.bin", video_shape(c.frames))),
+              kTolerance);
+    // With noise, the sample is mu + exp(log_var / 2) noise, decoded.
+    context.noise = at::ones(lat);
+    const core::Carry sampled = core::run_layers(model->layers(), {}, {}, context);
+    const at::Tensor expected = model->decode(carry.get("mu") + (0.5 * carry.get("log_var")).exp(), false);
+    EXPECT_LT(max_abs_diff(c.name + " layers sampled", sampled.get("hidden"), expected), kRegrouped);
+  }
 }
 
 TEST_F(WanVaeTiny, EncodeMatchesUpstream) {

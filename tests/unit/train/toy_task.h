@@ -133,7 +133,7 @@ class ToyRegression : public core::Task {
     return out;
   }
   // Mean squared error on 64 held-out samples (past every training step's).
-  core::Evaluation evaluate() override {
+  core::Evaluation evaluate(int64_t) override {
     at::NoGradGuard no_grad;
     const ToyBatch held_out = samples(1000000, 1000064);
     const double mse = (model_->forward(held_out.x) - held_out.y).pow(2).mean().item<double>();

@@ -1,5 +1,6 @@
 #include "loom/models/umt5/model.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 #include <fmt/format.h>
@@ -11,6 +12,7 @@
 #include <vector>
 
 #include "loom/checkpoint/hf_export.h"
+#include "loom/models/weights.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -316,6 +318,42 @@ nlohmann::json UMT5EncoderModel::hf_config() const {
   nlohmann::json hf = to_hf_config(config);
   hf["torch_dtype"] = checkpoint::hf_torch_dtype(shared->weight.scalar_type());
   return hf;
+}
+
+void init_umt5_parameters(UMT5EncoderModel& model, uint64_t seed) {
+  const UMT5Config& c = model.config;
+  auto ends_with = [](const std::string& name, const std::string& suffix) {
+    return name.size() >= suffix.size() &&
+           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+  };
+  at::NoGradGuard no_grad;
+  for (auto& item : model.named_parameters(/*recurse=*/true)) {
+    const std::string& name = item.key();
+    at::Tensor param = item.value();
+    double variance = 0;
+    if (name.find("layer_norm") != std::string::npos) {
+      param.fill_(1.0);
+      continue;
+    } else if (name == "shared.weight") {
+      variance = 1.0;
+    } else if (ends_with(name, "SelfAttention.q.weight")) {
+      variance = 1.0 / static_cast<double>(c.d_model * c.d_kv);
+    } else if (ends_with(name, "SelfAttention.k.weight") || ends_with(name, "SelfAttention.v.weight") ||
+               ends_with(name, "relative_attention_bias.weight") || ends_with(name, "wi_0.weight") ||
+               ends_with(name, "wi_1.weight")) {
+      variance = 1.0 / static_cast<double>(c.d_model);
+    } else if (ends_with(name, "SelfAttention.o.weight")) {
+      variance = 1.0 / static_cast<double>(c.inner_dim());
+    } else if (ends_with(name, "wo.weight")) {
+      variance = 1.0 / static_cast<double>(c.d_ff);
+    } else {
+      throw ModelError(fmt::format("umT5 initialisation: no rule for parameter '{}'", name));
+    }
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(derive_seed(seed, "init/" + name));
+    at::Tensor values = at::empty(param.sizes(), at::kFloat);
+    values.normal_(0.0, std::sqrt(variance), generator);
+    param.copy_(values);
+  }
 }
 
 }  // namespace loom::models

@@ -161,4 +161,10 @@ class UMT5EncoderModel : public torch::nn::Module, public core::Model {
   core::Layers layers_;
 };
 
+// Draws every parameter as HF's UMT5 _init_weights does (factor 1): shared N(0, 1); q N(0, 1/(d_model
+// d_kv)), k and v N(0, 1/d_model), o N(0, 1/(heads d_kv)); the relative biases N(0, 1/d_model); wi_0 and
+// wi_1 N(0, 1/d_model), wo N(0, 1/d_ff) (variances); norms 1. Each tensor from (seed, its name) alone
+// (models::derive_seed): a fixed random encoder that tells texts apart, rebuilt alike anywhere.
+void init_umt5_parameters(UMT5EncoderModel& model, uint64_t seed);
+
 }  // namespace loom::models

@@ -259,4 +259,16 @@ void init_wan_parameters(WanModel& model, uint64_t seed) {
   }
 }
 
+double WanModel::training_flops(const WanGrid& grid, int64_t batch) const {
+  const double c = static_cast<double>(config.dim), f = static_cast<double>(config.ffn_dim);
+  const double l = static_cast<double>(grid.tokens()), text = static_cast<double>(config.text_len);
+  // Multiply-adds of one sample's forward.
+  const double per_token_block = 4 * c * c + 2 * c * c + 2 * c * f + 2 * l * c + 2 * text * c;
+  const double per_block = l * per_token_block + 2 * text * c * c;  // + the cross-attention's k and v
+  const double outside = l * c * static_cast<double>(config.patch_in_width() + config.patch_out_width()) +
+                         text * (static_cast<double>(config.text_dim) * c + c * c);
+  return 3.0 * 2.0 * static_cast<double>(batch) *
+         (static_cast<double>(config.num_layers) * per_block + outside);
+}
+
 }  // namespace loom::models

@@ -139,6 +139,10 @@ class WanModel : public torch::nn::Module, public core::Model {
   // [B, L_text <= text_len, text_dim] with zero rows past each prompt (padded here to text_len) ->
   // velocity [B, C_out, T, H, W] float32. The same arithmetic as running layers() over context().
   at::Tensor forward(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& text) const;
+  // Training FLOPs (forward and backward, 3 x the forward's multiply-adds x 2) of `batch` samples of
+  // this token grid: every linear of the blocks, the self-attention's scores and values over the grid's
+  // tokens, the cross-attention's over text_len rows, the patch embedding, head and text embedding.
+  double training_flops(const WanGrid& grid, int64_t batch) const;
   // The context the layers read for these inputs (layers.h wan_context).
   std::shared_ptr<const WanContext> context(const at::Tensor& latents, const at::Tensor& timesteps,
                                             const at::Tensor& text) const;

@@ -310,6 +310,68 @@ at::Tensor Decoder3d::forward(const at::Tensor& latents, CausalCache* cache) con
 
 }  // namespace wan_vae
 
+namespace {
+
+const WanVaeContext& vae_context(const core::Context& context) {
+  return static_cast<const WanVaeContext&>(context);
+}
+
+class VaeEncoderLayer : public core::Layer {
+ public:
+  explicit VaeEncoderLayer(const WanVAE& vae) : core::Layer("encoder", vae.encoder), vae_(vae) {}
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    carry.set("hidden", vae_.encoder->forward(vae_context(context).video, nullptr));
+    return carry;
+  }
+
+ private:
+  const WanVAE& vae_;
+};
+
+// The posterior and its sample: mu + exp(log_var / 2) noise, log_var clamped to [-30, 20] as upstream
+// reparameterises.
+class VaePosteriorLayer : public core::Layer {
+ public:
+  explicit VaePosteriorLayer(const WanVAE& vae) : core::Layer("conv1", vae.conv1), vae_(vae) {}
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const auto halves = vae_.conv1->forward(carry.take("hidden")).chunk(2, 1);
+    const at::Tensor& noise = vae_context(context).noise;
+    carry.set("hidden", noise.defined() ? WanVAE::reparameterize({halves[0], halves[1]}, noise) : halves[0]);
+    carry.set("mu", halves[0]);
+    carry.set("log_var", halves[1]);
+    return carry;
+  }
+
+ private:
+  const WanVAE& vae_;
+};
+
+class VaeDecoderInputLayer : public core::Layer {
+ public:
+  explicit VaeDecoderInputLayer(const WanVAE& vae) : core::Layer("conv2", vae.conv2), vae_(vae) {}
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    carry.set("hidden", vae_.conv2->forward(carry.take("hidden")));
+    return carry;
+  }
+
+ private:
+  const WanVAE& vae_;
+};
+
+class VaeDecoderLayer : public core::Layer {
+ public:
+  explicit VaeDecoderLayer(const WanVAE& vae) : core::Layer("decoder", vae.decoder), vae_(vae) {}
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    carry.set("hidden", vae_.decoder->forward(carry.take("hidden"), nullptr));
+    return carry;
+  }
+
+ private:
+  const WanVAE& vae_;
+};
+
+}  // namespace
+
 WanVAE::WanVAE(const WanVaeConfig& c, const parallel::ParamOptions& options) : config(c) {
   if (options.dtype != at::kFloat && options.dtype != at::kBFloat16)
     throw ModelError(
@@ -329,6 +391,8 @@ WanVAE::WanVAE(const WanVaeConfig& c, const parallel::ParamOptions& options) : c
       register_module("conv2", std::make_shared<wan_vae::CausalConv3d>(z, z, std::vector<int64_t>{1, 1, 1},
                                                                        std::vector<int64_t>{0, 0, 0}, o));
   decoder = register_module("decoder", std::make_shared<wan_vae::Decoder3d>(c, o));
+  layers_ = {std::make_shared<VaeEncoderLayer>(*this), std::make_shared<VaePosteriorLayer>(*this),
+             std::make_shared<VaeDecoderInputLayer>(*this), std::make_shared<VaeDecoderLayer>(*this)};
 }
 
 at::Tensor WanVAE::checked_video(const at::Tensor& video) const {

@@ -4,8 +4,14 @@
 // Parameters carry Wan's own names (encoder.downsamples.{k}.residual.2.weight, conv1.weight,
 // decoder.upsamples.{k}.time_conv.bias, ...; tests/fixtures/wan-tiny/vae/state_dict.txt). A frozen
 // helper of video tasks: whole on every rank (no tensor parallelism), float32 (the reference) or
-// bfloat16, run under the caller's at::NoGradGuard. Its layers() are empty for now: a VAE-training
-// task will add encoder/decoder stages as layers (see the plan, models/wan/vae_layers).
+// bfloat16, run under the caller's at::NoGradGuard. Trained (task vae), it runs as four layers over a
+// WanVaeContext, each clip in one pass:
+//
+//   encoder   context video [B, 3, T, H, W] -> hidden [B, 2z, T', h, w]
+//   conv1     hidden -> mu, log_var [B, z, T', h, w]; hidden = mu + exp(log_var / 2) noise (the
+//             context's noise; mu when it has none)
+//   conv2     hidden -> hidden
+//   decoder   hidden -> hidden [B, 3, 1 + 4(T' - 1), H, W], the reconstruction
 //
 // A clip runs either as one pass over all its frames, or chunk by chunk as upstream does (encode:
 // frame 0, then 4 frames at a time; decode: one latent frame at a time) with a CausalCache carrying
@@ -165,6 +171,12 @@ class Decoder3d : public torch::nn::Module {
 
 }  // namespace wan_vae
 
+// What the layers of one micro-batch read (task vae).
+struct WanVaeContext : core::Context {
+  at::Tensor video;  // [B, 3, T, H, W] in [-1, 1], T = 1 + 4k
+  at::Tensor noise;  // [B, z, T', h, w] N(0, I) draws for the posterior sample; undefined: use mu
+};
+
 // The encoder's posterior, raw (not normalised by the latent statistics).
 struct VaeEncoding {
   at::Tensor mu;       // [B, z, T_lat, H/8, W/8]
@@ -210,8 +222,8 @@ class WanVAE : public torch::nn::Module, public core::Model {
 
   // core::Model
   torch::nn::Module& module() override { return *this; }
-  core::Layers layers() const override { return {}; }  // a frozen helper: no training layers yet
-  nlohmann::json hf_config() const override;           // config.json, torch_dtype the weights' dtype
+  core::Layers layers() const override { return layers_; }
+  nlohmann::json hf_config() const override;  // config.json, torch_dtype the weights' dtype
   std::vector<std::string> freeze_examples() const override {
     return {"encoder", "conv1", "conv2", "decoder"};
   }
@@ -227,6 +239,7 @@ class WanVAE : public torch::nn::Module, public core::Model {
   at::Tensor checked_latents(const at::Tensor& latents) const;  // cast to the weights
   at::Tensor channel_vector(const std::vector<double>& values, const at::Tensor& like) const;
   void check_latent_scale() const;
+  core::Layers layers_;
 };
 
 // Initialises a VAE for training from scratch, each parameter drawn from a generator seeded by (seed,

@@ -201,7 +201,7 @@ std::map<std::string, std::pair<double, int64_t>> VlmSftTask::held_out_loss() co
   return sums;
 }
 
-core::Evaluation VlmSftTask::evaluate() {
+core::Evaluation VlmSftTask::evaluate(int64_t) {
   at::NoGradGuard no_grad;
   constexpr int64_t kBatch = 100;
   const auto& tokenizer = data_->tokenizer();

@@ -38,7 +38,7 @@ class VlmSftTask : public core::Task {
                               core::Carry input) override;
   // Greedy answers to the held-out prompts (batches dealt round-robin over the data-parallel ranks),
   // exact match against the reference; every rank gets the whole result.
-  core::Evaluation evaluate() override;
+  core::Evaluation evaluate(int64_t step) override;
   // The tokenizer, in the form the data section reads back, and the files transformers reads beside
   // the weights (hf_files.h); generation_config.json is init_from's when it has one.
   void save_artifacts(const std::string& dir) const override;

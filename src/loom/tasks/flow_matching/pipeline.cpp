@@ -1,0 +1,88 @@
+#include "loom/tasks/flow_matching/pipeline.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "loom/data/image/decode.h"
+#include "loom/data/video/gif_writer.h"
+#include "loom/data/video/mp4_writer.h"
+#include "loom/models/wan/layers.h"
+#include "loom/tasks/video/clips.h"
+#include "loom/util/errors.h"
+
+namespace loom::tasks::flow_matching {
+
+namespace fs = std::filesystem;
+
+std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::WanVAE& vae,
+                                  const GenerationSettings& s) {
+  const auto& c = vae.config;
+  const auto& patch = dit.config.patch_size;
+  const int64_t spatial = models::WanVaeConfig::kSpatialFactor;
+  if (s.frames < 1 || models::WanVaeConfig::encoded_frames(s.frames) != s.frames)
+    throw ConfigError(fmt::format("frames: a Wan VAE makes 1 + 4k frames (5, 9, 13, ...), not {}", s.frames));
+  const int64_t latent_frames = c.latent_frames(s.frames);
+  if (latent_frames % patch[0] != 0)
+    throw ConfigError(
+        fmt::format("frames: {} frames are {} latent frames, not a multiple of the DiT's patch {}", s.frames,
+                    latent_frames, patch[0]));
+  for (auto [name, side, p] : {std::tuple{"height", s.height, patch[1]}, {"width", s.width, patch[2]}})
+    if (side < 1 || side % (spatial * p) != 0)
+      throw ConfigError(
+          fmt::format("{}: must be a multiple of {} (the VAE's {} x the DiT's patch {}), got {}", name,
+                      spatial * p, spatial, p, side));
+  return {c.z_dim, latent_frames, s.height / spatial, s.width / spatial};
+}
+
+at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& vae,
+                           const CaptionEncoder& captions, const std::vector<std::string>& texts,
+                           const std::vector<uint64_t>& seeds, const GenerationSettings& settings) {
+  if (texts.size() != seeds.size() || texts.empty())
+    throw ConfigError(fmt::format("generate: {} captions and {} seeds", texts.size(), seeds.size()));
+  check_sampling(settings.sampling);
+  const std::vector<int64_t> shape = latent_shape(dit, vae, settings);
+  at::NoGradGuard no_grad;
+  const at::Tensor unconditional = captions.encode({""})[0];
+  const auto& weight = dit.patch_embedding->weight;
+  std::vector<at::Tensor> videos;
+  for (size_t i = 0; i < texts.size(); ++i) {
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seeds[i]);
+    const at::Tensor noise = at::randn(shape, generator, at::kFloat).unsqueeze(0);  // [1, z, T', h, w]
+    const bool guide = settings.guidance != 1.0;
+    std::vector<at::Tensor> rows = captions.encode({texts[i]});
+    if (guide) rows.push_back(unconditional);
+    const at::Tensor text = models::pad_text(rows, dit.config.text_len).to(weight.device());
+    auto velocity = [&](const at::Tensor& x, double timestep) {
+      const int64_t batch = guide ? 2 : 1;
+      const at::Tensor latents = x.expand({batch, -1, -1, -1, -1}).to(weight.device(), weight.scalar_type());
+      const at::Tensor t = at::full({batch}, timestep, at::kDouble);
+      const at::Tensor v = dit.forward(latents, t, text).to(at::kFloat).cpu();  // [batch, z, T', h, w]
+      return guide ? guided(v.narrow(0, 1, 1), v.narrow(0, 0, 1), settings.guidance) : v;
+    };
+    const at::Tensor latents = sample(velocity, noise, settings.sampling);
+    const at::Tensor raw = vae.denormalize_latents(latents.to(vae.conv2->weight.scalar_type()));
+    videos.push_back(vae.decode(raw, /*chunked=*/true).to(at::kFloat).cpu().clamp(-1.0, 1.0));
+  }
+  return at::cat(videos);
+}
+
+void write_clip(const at::Tensor& video, const std::string& dir, const std::string& name, double fps) {
+  data::Video clip;
+  clip.frames = static_cast<int>(video.size(1));
+  clip.height = static_cast<int>(video.size(2));
+  clip.width = static_cast<int>(video.size(3));
+  clip.fps = fps;
+  clip.rgb = video_bytes(video);
+  const fs::path frames = fs::path(dir) / name;
+  std::error_code error;
+  fs::create_directories(frames, error);
+  if (error) throw DataError(fmt::format("cannot create {}: {}", frames.string(), error.message()));
+  for (int t = 0; t < clip.frames; ++t)
+    data::encode_png_file(clip.frame_image(t), (frames / fmt::format("frame-{:04d}.png", t)).string());
+  data::write_gif(clip, (fs::path(dir) / (name + ".gif")).string());
+  data::write_mp4(clip, (fs::path(dir) / (name + ".mp4")).string());
+}
+
+}  // namespace loom::tasks::flow_matching

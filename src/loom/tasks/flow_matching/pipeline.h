@@ -1,0 +1,41 @@
+// Sampling clips for captions with a Wan DiT, its VAE and its caption encoder (the evaluation's
+// samples and loom generate): seeded noise in latent space, the flow ODE solved from noise to data
+// with classifier-free guidance against the empty caption, the latents decoded chunk by chunk; and
+// writing a clip as PNG frames, an animated GIF and an MP4.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "loom/models/wan/dit.h"
+#include "loom/models/wan/vae.h"
+#include "loom/tasks/flow_matching/sampler.h"
+#include "loom/tasks/flow_matching/text_encoder.h"
+
+namespace loom::tasks::flow_matching {
+
+struct GenerationSettings {
+  int64_t frames = 9, height = 48, width = 48;  // frames 1 + 4k, sides multiples of 8 x the DiT's patch
+  double guidance = 5.0;                        // 1: the conditional velocity alone
+  SamplingOptions sampling;
+};
+
+// One clip per caption, the noise of caption i drawn from seeds[i]: [N, 3, T, H, W] float32, clamped
+// to [-1, 1]. Runs without gradients. ConfigError naming the setting when the clip does not fit the
+// models.
+at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& vae,
+                           const CaptionEncoder& captions, const std::vector<std::string>& texts,
+                           const std::vector<uint64_t>& seeds, const GenerationSettings& settings);
+
+// The latent shape [z, T', h, w] of a clip of these settings; ConfigError naming the setting when the
+// VAE and the DiT's patch do not divide it.
+std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::WanVAE& vae,
+                                  const GenerationSettings& settings);
+
+// Writes video [3, T, H, W] in [-1, 1] as <dir>/<name>.gif, <dir>/<name>.mp4 and
+// <dir>/<name>/frame-NNNN.png at `fps`.
+void write_clip(const at::Tensor& video, const std::string& dir, const std::string& name, double fps);
+
+}  // namespace loom::tasks::flow_matching

@@ -1,0 +1,223 @@
+#include "loom/tasks/flow_matching/task.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <filesystem>
+
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/models/wan/layers.h"
+#include "loom/models/wan/ops.h"
+#include "loom/models/weights.h"
+#include "loom/tasks/flow_matching/schedule.h"
+#include "loom/util/errors.h"
+#include "loom/util/random.h"
+
+namespace loom::tasks::flow_matching {
+
+namespace {
+
+constexpr uint64_t kDropoutStream = 31, kSigmaStream = 32;
+constexpr int64_t kEvalLevels = 5;
+constexpr double kFps = 8;  // sampled clips play at this rate
+
+}  // namespace
+
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanModel& dit,
+                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer) {
+  FlowHelpers helpers;
+  const std::string vae_dir = checkpoint::resolve_model_directory(job.model.vae);
+  helpers.vae = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(vae_dir));
+  models::load_parameters(*helpers.vae, vae_dir);
+  helpers.vae->eval();
+  for (auto& p : helpers.vae->parameters()) p.set_requires_grad(false);
+  const auto& vae = helpers.vae->config;
+  if (!vae.has_latent_scale())
+    throw ConfigError(
+        fmt::format("model.vae: {} has no latents_mean / latents_std in its config.json (a vae job's "
+                    "checkpoints carry them)",
+                    vae_dir));
+  if (vae.z_dim != dit.config.in_dim || vae.z_dim != dit.config.out_dim)
+    throw ConfigError(fmt::format("model.vae: {} makes latents of {} channels; the DiT takes {} and gives {}",
+                                  vae_dir, vae.z_dim, dit.config.in_dim, dit.config.out_dim));
+  helpers.captions =
+      std::make_shared<CaptionEncoder>(job.model, models::derive_seed(job.training.seed, "text"),
+                                       std::move(builtin_tokenizer), dit.config.text_len);
+  if (helpers.captions->width() != dit.config.text_dim)
+    throw ConfigError(fmt::format("model.text_encoder: its features are {} wide; the DiT's text_dim is {}",
+                                  helpers.captions->width(), dit.config.text_dim));
+  return helpers;
+}
+
+FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::WanModel> model,
+                                   const core::Layout& layout)
+    : job_(job), model_(std::move(model)), layout_(layout), seed_(static_cast<uint64_t>(job.training.seed)) {
+  clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
+  auto tokenizer = std::shared_ptr<const data::Tokenizer>(clips_, &clips_->tokenizer());
+  helpers_ = load_flow_helpers(job, *model_, tokenizer);
+  const auto& t = job.training;
+  generation_.frames = clips_->frames();
+  generation_.height = clips_->height();
+  generation_.width = clips_->width();
+  generation_.guidance = t.sample_guidance;
+  generation_.sampling.steps = t.sample_steps;
+  generation_.sampling.shift = t.sample_shift;
+  generation_.sampling.solver = parse_solver(t.sample_solver, "training.sample_solver");
+  try {
+    latent_ = latent_shape(*model_, *helpers_.vae, generation_);
+  } catch (const ConfigError& e) {
+    throw ConfigError(
+        fmt::format("data (frames {}, video_size {}): {}", clips_->frames(), clips_->height(), e.what()));
+  }
+  TimestepSampling sampling;
+  sampling.kind = parse_timestep_sampling(t.timestep_sampling);
+  sampling.mean = t.logit_mean;
+  sampling.std = t.logit_std;
+  sampling.shift = t.flow_shift;
+  check_timestep_sampling(sampling);
+}
+
+FlowMicroBatch FlowMatchingTask::micro_batch(int64_t begin, int64_t end) const {
+  const auto& t = job_.training;
+  TimestepSampling sampling;
+  sampling.kind = parse_timestep_sampling(t.timestep_sampling);
+  sampling.mean = t.logit_mean;
+  sampling.std = t.logit_std;
+  sampling.shift = t.flow_shift;
+  FlowMicroBatch out;
+  std::vector<at::Tensor> videos, noises;
+  std::vector<double> sigmas;
+  for (int64_t i = begin; i < end; ++i) {
+    const data::VideoClip clip = clips_->train(i);
+    videos.push_back(video_tensor(clip));
+    // Each draw from (seed, its purpose, the sample's place in the run): any layout draws alike.
+    CounterRng dropout(seed_, kDropoutStream, static_cast<uint64_t>(i));
+    const double u = static_cast<double>(dropout.next() >> 11) * 0x1.0p-53;
+    out.captions.push_back(u < t.caption_dropout ? std::string() : clip.caption);
+    CounterRng level(seed_, kSigmaStream, static_cast<uint64_t>(i));
+    sigmas.push_back(sample_sigma(sampling, level));
+    auto generator =
+        at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("flow/noise/{}", i)));
+    noises.push_back(at::randn(latent_, generator, at::kFloat));
+  }
+  out.video = at::stack(videos);
+  out.sigma = at::tensor(sigmas, at::kDouble);
+  out.noise = at::stack(noises);
+  return out;
+}
+
+core::StepData FlowMatchingTask::step_data(int64_t step) const {
+  const auto& t = job_.training;
+  const int64_t share = t.global_batch_size / layout_.data_parallel;
+  const int64_t begin = step * t.global_batch_size + layout_.data_rank() * share;
+  int64_t elements = 1;
+  for (int64_t d : latent_) elements *= d;
+  core::StepData out;
+  for (int64_t m = begin; m < begin + share; m += t.micro_batch_size) {
+    auto batch =
+        std::make_shared<FlowMicroBatch>(micro_batch(m, std::min(m + t.micro_batch_size, begin + share)));
+    out.loss_count += static_cast<double>(batch->video.size(0) * elements);
+    out.micro_batches.push_back(std::move(batch));
+  }
+  return out;
+}
+
+std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& video,
+                                                           const std::vector<std::string>& captions) const {
+  at::NoGradGuard no_grad;
+  const auto& vae = *helpers_.vae;
+  const at::Tensor mu = vae.encode(video.to(vae.conv1->weight.scalar_type()), /*chunked=*/false).mu;
+  const at::Tensor x0 = vae.normalize_latents(mu).to(at::kFloat);  // [B, z, T', h, w]
+  const at::Tensor text = models::pad_text(helpers_.captions->encode(captions), model_->config.text_len);
+  return {x0, text};
+}
+
+at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tensor& text,
+                                            const at::Tensor& sigma, const at::Tensor& noise,
+                                            const core::Stage& stage, core::Carry input,
+                                            core::Carry* output) const {
+  const auto& weight = model_->patch_embedding->weight;
+  const at::Tensor s = sigma.to(at::kFloat);
+  const at::Tensor xt = noised(x0, noise, s);
+  const auto context =
+      model_->context(xt.to(weight.scalar_type()), sigma * 1000.0, text.to(weight.scalar_type()));
+  core::Carry carry = stage.forward(std::move(input), *context);
+  if (!stage.last) {
+    *output = std::move(carry);
+    return {};
+  }
+  const at::Tensor target = models::head_tokens(velocity_target(x0, noise), model_->config.patch_size);
+  return (carry.get("hidden").to(at::kFloat) - target).pow(2).sum();
+}
+
+core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
+                                              core::Carry input) {
+  const auto& batch = static_cast<const FlowMicroBatch&>(micro);
+  const auto [x0, text] = encode(batch.video, batch.captions);
+  core::ForwardResult out;
+  out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output);
+  const int64_t batch_size = batch.video.size(0);
+  const models::WanGrid grid = models::latent_grid(x0, model_->config.patch_size);
+  out.samples = batch_size;
+  out.tokens = batch_size * grid.tokens();
+  out.flops = model_->training_flops(grid, batch_size);
+  return out;
+}
+
+core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
+  at::NoGradGuard no_grad;
+  const int64_t samples = job_.data.eval_samples, per_batch = job_.training.micro_batch_size;
+  const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
+  core::Stage whole;
+  whole.layers = model_->layers();
+  at::Tensor sums = at::zeros({2}, at::kDouble);  // squared error, latent elements
+  for (int64_t begin = 0, index = 0; begin < samples; begin += per_batch, ++index) {
+    if (index % ranks != rank) continue;
+    std::vector<at::Tensor> videos, noises;
+    std::vector<std::string> captions;
+    std::vector<double> sigmas;
+    for (int64_t i = begin; i < std::min(begin + per_batch, samples); ++i) {
+      const data::VideoClip clip = clips_->eval(i);
+      videos.push_back(video_tensor(clip));
+      captions.push_back(clip.caption);
+      sigmas.push_back((static_cast<double>(i % kEvalLevels) + 0.5) / kEvalLevels);
+      auto generator = at::make_generator<at::CPUGeneratorImpl>(
+          models::derive_seed(seed_, fmt::format("flow/eval/{}", i)));
+      noises.push_back(at::randn(latent_, generator, at::kFloat));
+    }
+    const auto [x0, text] = encode(at::stack(videos), captions);
+    const at::Tensor error =
+        velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises), whole, {}, nullptr);
+    sums[0] += error.item<double>();
+    sums[1] += static_cast<double>(x0.numel());
+  }
+  if (layout_.data) layout_.data->all_reduce_sum({sums});
+  const double loss = sums[0].item<double>() / sums[1].item<double>();
+  core::Evaluation e;
+  e.samples = samples;
+  e.metrics = {{"eval_loss", loss}};
+  e.summary = fmt::format("eval: held-out flow-matching loss {:.6f} on {} clips", loss, samples);
+  const int64_t videos = std::min<int64_t>(job_.training.eval_videos, clips_->eval_size());
+  if (videos > 0) {
+    // Clip i on data-parallel rank i mod ranks: every rank samples its share, none waits for rank 0.
+    const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
+                             (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
+                                .string();
+    nlohmann::json index = nlohmann::json::array();
+    for (int64_t i = 0; i < videos; ++i) {
+      const std::string name = fmt::format("sample-{:03d}", i), caption = clips_->eval(i).caption;
+      const uint64_t seed = models::derive_seed(seed_, fmt::format("flow/sample/{}", i));
+      index.push_back({{"name", name}, {"caption", caption}, {"seed", seed}});
+      if (i % ranks != rank) continue;
+      const at::Tensor clip =
+          generate_videos(*model_, *helpers_.vae, *helpers_.captions, {caption}, {seed}, generation_);
+      write_clip(clip[0], dir, name, kFps);
+    }
+    if (layout_.is_main()) checkpoint::write_text_file_durable(dir + "/captions.json", index.dump(2) + "\n");
+    e.summary += fmt::format("; {} held-out captions sampled into {}", videos, dir);
+  }
+  e.report = e.summary + "\n";
+  return e;
+}
+
+}  // namespace loom::tasks::flow_matching

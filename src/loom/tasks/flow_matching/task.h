@@ -1,0 +1,79 @@
+// Training a Wan2.1 DiT by flow matching (task: flow_matching): each clip encoded by the frozen VAE to
+// normalised latents x0, its caption by the frozen text encoder (replaced by the empty caption's with
+// probability training.caption_dropout), a noise level sigma drawn per sample (training.flow_shift,
+// timestep_sampling), x_t = (1 - sigma) x0 + sigma noise, and the loss the squared error of the
+// predicted velocity against noise - x0 per latent element. Evaluation: the held-out loss at fixed
+// noise levels, and clips sampled for held-out captions written under the run directory.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/config/config.h"
+#include "loom/core/layout.h"
+#include "loom/core/task.h"
+#include "loom/models/wan/dit.h"
+#include "loom/models/wan/vae.h"
+#include "loom/tasks/flow_matching/pipeline.h"
+#include "loom/tasks/flow_matching/text_encoder.h"
+#include "loom/tasks/video/clips.h"
+
+namespace loom::tasks::flow_matching {
+
+struct FlowMicroBatch : core::MicroBatch {
+  at::Tensor video;                   // [B, 3, T, H, W] in [-1, 1]
+  std::vector<std::string> captions;  // "" where the caption was dropped
+  at::Tensor sigma;                   // [B] float64, the noise levels
+  at::Tensor noise;                   // [B, z, T', h, w]
+};
+
+// The frozen helpers of a flow-matching job, as model.vae and model.text_encoder name them: the VAE
+// (ConfigError naming model.vae when it lacks a latent scale or disagrees with the DiT's channels) and
+// the caption encoder (its width must be the DiT's text_dim).
+struct FlowHelpers {
+  std::shared_ptr<models::WanVAE> vae;
+  std::shared_ptr<CaptionEncoder> captions;
+};
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanModel& dit,
+                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer);
+
+class FlowMatchingTask : public core::Task {
+ public:
+  FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::WanModel> model,
+                   const core::Layout& layout);
+
+  core::StepData step_data(int64_t step) const override;
+  std::string loss_count_name() const override { return "latent elements"; }
+  core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
+                              core::Carry input) override;
+  // eval_loss over the first data.eval_samples held-out clips (clip i at noise level (i mod 5 + 0.5) /
+  // 5, its noise from the seed), dealt over the data-parallel ranks; then the first
+  // training.eval_videos held-out captions, sampled (also dealt over the ranks) into
+  // <output_dir>/samples/step-NNNNNNNN (samples/eval outside training), with captions.json naming each
+  // clip's caption and seed.
+  core::Evaluation evaluate(int64_t step) override;
+  void save_artifacts(const std::string& dir) const override {}
+
+  const GenerationSettings& generation() const { return generation_; }
+
+ private:
+  FlowMicroBatch micro_batch(int64_t begin, int64_t end) const;
+  // The latents x0 of the clips and their padded caption features, without gradients.
+  std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& video,
+                                           const std::vector<std::string>& captions) const;
+  // The squared error of the velocity predicted through `stage`'s layers (all of them).
+  at::Tensor velocity_error(const at::Tensor& x0, const at::Tensor& text, const at::Tensor& sigma,
+                            const at::Tensor& noise, const core::Stage& stage, core::Carry input,
+                            core::Carry* output) const;
+
+  config::JobConfig job_;
+  std::shared_ptr<models::WanModel> model_;
+  core::Layout layout_;
+  std::shared_ptr<VideoClips> clips_;
+  FlowHelpers helpers_;
+  GenerationSettings generation_;
+  std::vector<int64_t> latent_;  // [z, T', h, w]
+  uint64_t seed_;
+};
+
+}  // namespace loom::tasks::flow_matching

@@ -1,0 +1,42 @@
+// The frozen text encoder of a flow-matching job: captions to umT5 features, each trimmed to its own
+// tokens as Wan does (the DiT pads them back with zero rows), cached per caption.
+#pragma once
+#include <ATen/ATen.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "loom/config/config.h"
+#include "loom/data/tokenizer/tokenizer.h"
+#include "loom/models/umt5/model.h"
+
+namespace loom::tasks::flow_matching {
+
+class CaptionEncoder {
+ public:
+  // model.text_encoder: a umT5 model directory, whose tokenizer (spiece.model or tokenizer.json) sits
+  // beside its weights; or an inline umT5 config, its weights drawn from `seed`, tokenized with
+  // `builtin` (the built-in set's words; ConfigError naming the key when there is none, or when the
+  // config's vocabulary is smaller than the tokenizer's). Captions are cut to `text_len` tokens.
+  CaptionEncoder(const config::ModelSection& model, uint64_t seed,
+                 std::shared_ptr<const data::Tokenizer> builtin, int64_t text_len);
+
+  // The features of each caption, [L_i, d_model] float32 with L_i its tokens and the end token (the
+  // empty caption: the end token alone). Safe to call from several threads at once.
+  std::vector<at::Tensor> encode(const std::vector<std::string>& captions) const;
+  // Token ids of a caption: its words, then the end token, at most text_len in all.
+  std::vector<int64_t> token_ids(const std::string& caption) const;
+  int64_t width() const { return model_->config.d_model; }
+
+ private:
+  std::shared_ptr<models::UMT5EncoderModel> model_;
+  std::shared_ptr<const data::Tokenizer> tokenizer_;
+  int64_t text_len_;
+  mutable std::mutex mutex_;
+  mutable std::map<std::string, at::Tensor> cache_;
+};
+
+}  // namespace loom::tasks::flow_matching

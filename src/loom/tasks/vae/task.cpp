@@ -1,0 +1,149 @@
+#include "loom/tasks/vae/task.h"
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <fmt/format.h>
+
+#include <cmath>
+#include <vector>
+
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/models/weights.h"
+#include "loom/util/errors.h"
+
+namespace loom::tasks {
+
+VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model,
+                 const core::Layout& layout)
+    : job_(job),
+      model_(std::move(model)),
+      layout_(layout),
+      clips_(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data")),
+      seed_(static_cast<uint64_t>(job.training.seed)) {
+  const int64_t frames = clips_.frames();
+  if (models::WanVaeConfig::encoded_frames(frames) != frames)
+    throw ConfigError(
+        fmt::format("data.frames: a Wan VAE encodes 1 + 4k frames (5, 9, 13, ...), got {}", frames));
+  if (clips_.height() % models::WanVaeConfig::kSpatialFactor != 0)
+    throw ConfigError(fmt::format("data.video_size: a Wan VAE takes sides that are multiples of {}, got {}",
+                                  models::WanVaeConfig::kSpatialFactor, clips_.height()));
+}
+
+VaeMicroBatch VaeTask::micro_batch(int64_t begin, int64_t end, bool with_noise) const {
+  const auto& c = model_->config;
+  const std::vector<int64_t> latent = {c.z_dim, c.latent_frames(clips_.frames()),
+                                       clips_.height() / models::WanVaeConfig::kSpatialFactor,
+                                       clips_.width() / models::WanVaeConfig::kSpatialFactor};
+  std::vector<at::Tensor> videos, noises;
+  for (int64_t i = begin; i < end; ++i) {
+    videos.push_back(video_tensor(clips_.train(i)));
+    if (!with_noise) continue;
+    auto generator =
+        at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("vae/noise/{}", i)));
+    noises.push_back(at::randn(latent, generator, at::kFloat));
+  }
+  VaeMicroBatch out;
+  out.video = at::stack(videos);
+  if (with_noise) out.noise = at::stack(noises);
+  return out;
+}
+
+core::StepData VaeTask::step_data(int64_t step) const {
+  const auto& t = job_.training;
+  const int64_t share = t.global_batch_size / layout_.data_parallel;
+  const int64_t begin = step * t.global_batch_size + layout_.data_rank() * share;
+  core::StepData out;
+  for (int64_t m = begin; m < begin + share; m += t.micro_batch_size) {
+    auto batch = std::make_shared<VaeMicroBatch>(
+        micro_batch(m, std::min(m + t.micro_batch_size, begin + share), true));
+    out.loss_count += static_cast<double>(batch->video.numel());
+    out.micro_batches.push_back(std::move(batch));
+  }
+  return out;
+}
+
+namespace {
+
+// The posterior's KL divergence from N(0, I), summed over the elements.
+at::Tensor kl_sum(const at::Tensor& mu, const at::Tensor& log_var) {
+  const at::Tensor lv = log_var.to(at::kFloat).clamp(-30.0, 20.0);
+  return 0.5 * (mu.to(at::kFloat).pow(2) + lv.exp() - 1.0 - lv).sum();
+}
+
+}  // namespace
+
+core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
+                                     core::Carry input) {
+  const auto& batch = static_cast<const VaeMicroBatch&>(micro);
+  models::WanVaeContext context;
+  const at::Tensor& weight = model_->conv1->weight;
+  context.video = batch.video.to(weight.device(), weight.scalar_type());
+  context.noise = batch.noise.to(weight.device(), weight.scalar_type());
+  core::ForwardResult out;
+  core::Carry carry = stage.forward(std::move(input), context);
+  if (stage.last) {
+    const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
+    out.loss_sum =
+        error.pow(2).sum() + job_.training.kl_weight * kl_sum(carry.get("mu"), carry.get("log_var"));
+  } else {
+    out.output = std::move(carry);
+  }
+  out.samples = batch.video.size(0);
+  out.tokens = batch.video.numel() / 3;  // pixels of every frame
+  return out;
+}
+
+core::Evaluation VaeTask::evaluate(int64_t) {
+  at::NoGradGuard no_grad;
+  const int64_t samples = job_.data.eval_samples, per_batch = job_.training.micro_batch_size;
+  const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
+  // Sums of the squared error, the KL and the pixels, over this rank's batches.
+  at::Tensor sums = at::zeros({3}, at::kDouble);
+  const auto& layers = model_->layers();
+  for (int64_t begin = 0, index = 0; begin < samples; begin += per_batch, ++index) {
+    if (index % ranks != rank) continue;
+    std::vector<at::Tensor> videos;
+    for (int64_t i = begin; i < std::min(begin + per_batch, samples); ++i)
+      videos.push_back(video_tensor(clips_.eval(i)));
+    models::WanVaeContext context;
+    const at::Tensor& weight = model_->conv1->weight;
+    context.video = at::stack(videos).to(weight.device(), weight.scalar_type());
+    const core::Carry carry = core::run_layers(layers, {}, {}, context);
+    const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
+    sums[0] += error.pow(2).sum().item<double>();
+    sums[1] += kl_sum(carry.get("mu"), carry.get("log_var")).item<double>();
+    sums[2] += static_cast<double>(context.video.numel());
+  }
+  if (layout_.data) layout_.data->all_reduce_sum({sums});
+  const double pixels = sums[2].item<double>(), mse = sums[0].item<double>() / pixels;
+  const double loss = mse + job_.training.kl_weight * sums[1].item<double>() / pixels;
+  // PSNR on [0, 1] pixels: the error on [-1, 1] is twice as large, its square four times.
+  const double psnr = 10.0 * std::log10(4.0 / std::max(mse, 1e-12));
+  core::Evaluation e;
+  e.samples = samples;
+  e.metrics = {{"eval_loss", loss}, {"eval_mse", mse}, {"eval_psnr", psnr}};
+  e.summary = fmt::format("eval: held-out loss {:.6f}, reconstruction PSNR {:.2f} dB on {} clips", loss, psnr,
+                          samples);
+  e.report = e.summary + "\n";
+  return e;
+}
+
+void VaeTask::save_artifacts(const std::string& dir) const {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> means;  // [B, z, T', h, w] per batch
+  for (int64_t begin = 0; begin < kStatisticsClips; begin += job_.training.micro_batch_size) {
+    const VaeMicroBatch batch =
+        micro_batch(begin, std::min(begin + job_.training.micro_batch_size, kStatisticsClips), false);
+    means.push_back(model_->encode(batch.video, /*chunked=*/false).mu.to(at::kDouble));
+  }
+  // Per channel, over the clips, frames and positions.
+  const at::Tensor all = at::cat(means).transpose(0, 1).reshape({model_->config.z_dim, -1});
+  const at::Tensor mean = all.mean(1), deviation = all.std(1).clamp_min(1e-6);
+  models::WanVaeConfig config = model_->config;
+  config.latents_mean.assign(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel());
+  config.latents_std.assign(deviation.data_ptr<double>(), deviation.data_ptr<double>() + deviation.numel());
+  nlohmann::json hf = models::to_hf_config(config);
+  hf["torch_dtype"] = model_->hf_config()["torch_dtype"];
+  checkpoint::write_text_file_durable(dir + "/config.json", hf.dump(2) + "\n");
+}
+
+}  // namespace loom::tasks

@@ -1,0 +1,51 @@
+// Training a Wan VAE (task: vae) where no pretrained one exists: clips through its four layers
+// (encode, sample the posterior, decode), the loss per pixel the squared reconstruction error plus
+// kl_weight x the posterior's KL divergence from N(0, I); evaluation by the held-out loss and PSNR;
+// and every checkpoint's config.json carrying the per-channel statistics of its latents (what a
+// flow-matching job normalises them by).
+#pragma once
+#include <memory>
+#include <string>
+
+#include "loom/config/config.h"
+#include "loom/core/layout.h"
+#include "loom/core/task.h"
+#include "loom/models/wan/vae.h"
+#include "loom/tasks/video/clips.h"
+
+namespace loom::tasks {
+
+struct VaeMicroBatch : core::MicroBatch {
+  at::Tensor video;  // [B, 3, T, H, W] in [-1, 1]
+  at::Tensor noise;  // [B, z, T', h, w]: each sample's draws, from (seed, its place in the run)
+};
+
+class VaeTask : public core::Task {
+ public:
+  // ConfigError when the clips do not fit the VAE (frames 1 + 4k, sides multiples of 8).
+  VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model, const core::Layout& layout);
+
+  core::StepData step_data(int64_t step) const override;
+  std::string loss_count_name() const override { return "pixels"; }
+  core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
+                              core::Carry input) override;
+  // The first data.eval_samples held-out clips through the posterior mean (no sampling), dealt over
+  // the data-parallel ranks: eval_loss, eval_mse (per pixel, on [-1, 1]), eval_psnr (dB, on [0, 1]).
+  core::Evaluation evaluate(int64_t step) override;
+  // config.json again, with latents_mean / latents_std: each latent channel's mean and standard
+  // deviation of the posterior mean over the run's first kStatisticsClips training clips.
+  void save_artifacts(const std::string& dir) const override;
+
+  static constexpr int64_t kStatisticsClips = 64;
+
+ private:
+  VaeMicroBatch micro_batch(int64_t begin, int64_t end, bool with_noise) const;
+
+  config::JobConfig job_;
+  std::shared_ptr<models::WanVAE> model_;
+  core::Layout layout_;
+  VideoClips clips_;
+  uint64_t seed_;
+};
+
+}  // namespace loom::tasks

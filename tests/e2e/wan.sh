@@ -1,0 +1,76 @@
+# The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
+# a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
+# process, data parallelism over two ranks, ZeRO-1 and FSDP, with the one-process losses (1e-5
+# relative: only the summation order over ranks differs). The DiT's evaluation samples a held-out
+# caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
+source "$(dirname "$0")/lib.bash"
+shrink=(--set tools.progress_bar=false --set tools.log_every=1 --set data.eval_samples=4 --set data.num_workers=0
+  --set training.global_batch_size=4 --set training.micro_batch_size=2 --set training.warmup_steps=0
+  --set training.save_every=0)
+vae=("$SRC/configs/wan-moving-fashion-vae.yaml" "${shrink[@]}" --set training.steps=4)
+dit=("$SRC/configs/wan-moving-fashion.yaml" "${shrink[@]}" --set training.steps=4 --set model.vae="$WORK/vae"
+  --set training.eval_videos=1 --set training.sample_steps=3)
+
+# train NAME RANKS CONFIG ARGS...: one process (RANKS 1) or RANKS through loom run; output_dir $WORK/NAME.
+train() {
+  local name=$1 ranks=$2
+  shift 2
+  local command=("$LOOM" train "$@" --set training.output_dir="$WORK/$name")
+  [ "$ranks" -eq 1 ] || command=("$LOOM" run -n "$ranks" -- "${command[@]}")
+  "${command[@]}" > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name"; }
+}
+same_losses() {  # RUN REFERENCE
+  python3 - "$WORK/$1/metrics.jsonl" "$WORK/$2/metrics.jsonl" "$1" <<'PY'
+import json, sys
+def losses(path):
+    return [r["loss"] for r in map(json.loads, open(path)) if "loss" in r]
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(a) == len(b) == 4, (len(a), len(b))
+worst = max(abs(x - y) / abs(y) for x, y in zip(a, b))
+print(f"{sys.argv[3]}: losses {['%.6f' % x for x in a]}, largest relative difference {worst:.1e}")
+assert worst < 1e-5, worst
+PY
+}
+
+train vae 1 "${vae[@]}"
+grep -q "eval: held-out loss .* reconstruction PSNR .* dB on 4 clips" "$WORK/vae.log" || { cat "$WORK/vae.log"; fail "VAE evaluation"; }
+python3 - "$WORK/vae/step-00000004/config.json" <<'PY'
+import json, sys
+config = json.load(open(sys.argv[1]))
+assert len(config["latents_mean"]) == len(config["latents_std"]) == 8, config
+assert all(s > 0 for s in config["latents_std"]), config
+PY
+for layout in dp zero1 zero3; do
+  case $layout in dp) extra=();; zero1) extra=(--set parallel.zero=1);; zero3) extra=(--set parallel.zero=3);; esac
+  train "vae-$layout" 2 "${vae[@]}" "${extra[@]}"
+  same_losses "vae-$layout" vae
+done
+
+train dit 1 "${dit[@]}"
+grep -q "eval: held-out flow-matching loss .* on 4 clips; 1 held-out captions sampled into $WORK/dit/samples/step-00000004" "$WORK/dit.log" ||
+  { cat "$WORK/dit.log"; fail "DiT evaluation"; }
+samples="$WORK/dit/samples/step-00000004"
+for file in sample-000.gif sample-000.mp4 sample-000/frame-0000.png sample-000/frame-0008.png captions.json; do
+  [ -s "$samples/$file" ] || fail "no $file among the samples"
+done
+head -c 6 "$samples/sample-000.gif" | grep -q "GIF89a" || fail "sample-000.gif is no GIF"
+for layout in dp zero1 zero3; do
+  case $layout in dp) extra=();; zero1) extra=(--set parallel.zero=1);; zero3) extra=(--set parallel.zero=3);; esac
+  train "dit-$layout" 2 "${dit[@]}" "${extra[@]}" --set training.eval_videos=0
+  same_losses "dit-$layout" dit
+done
+
+# loom generate: the evaluation's clip again from its caption and seed (the job's settings), byte for byte.
+read -r caption seed < <(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))[0]; print(s["caption"].replace(" ", "_"), s["seed"])' "$samples/captions.json")
+caption=${caption//_/ }
+"$LOOM" generate "$SRC/configs/wan-moving-fashion.yaml" --set model.vae="$WORK/vae" --set training.sample_steps=3 \
+  --checkpoint "$WORK/dit" --prompt "$caption" --seed "$seed" --out "$WORK/clip" > "$WORK/generate.log" 2>&1 ||
+  { cat "$WORK/generate.log"; fail "loom generate"; }
+for file in video.gif video.mp4 video/frame-0000.png video/frame-0008.png; do
+  [ -s "$WORK/clip/$file" ] || fail "loom generate wrote no $file"
+done
+cmp "$WORK/clip/video.gif" "$samples/sample-000.gif" || fail "loom generate's clip differs from the evaluation's"
+if "$LOOM" generate "$SRC/configs/wan-moving-fashion.yaml" --checkpoint "$WORK/dit" --prompt x --prompts p.jsonl \
+  --out "$WORK/x" 2> "$WORK/err"; then fail "--prompts with a job file accepted"; fi
+grep -q "generate: --prompts is for answers from a model directory" "$WORK/err" || fail "$(cat "$WORK/err")"
+echo "wan: VAE and DiT train alike under one process, dp 2, ZeRO-1 and FSDP; samples and loom generate write clips"
