@@ -291,8 +291,8 @@ def train(data_dir, log):
 
 def load_classifier(cache, data_dir, log):
     """The classifier from CACHE if it was trained with these settings, else trained now and cached."""
-    settings = json.dumps(TRAINING, sort_keys=True)
-    digest = hashlib.sha256(settings.encode()).hexdigest()[:16]
+    settings = dict(TRAINING, noise_floor=NOISE_FLOOR, extent_quantile=EXTENT_QUANTILE)  # all that shapes it
+    digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     if os.path.exists(cache):
         saved = torch.load(cache, map_location="cpu")
         if saved.get("settings_hash") == digest:
@@ -305,7 +305,7 @@ def load_classifier(cache, data_dir, log):
     model, accuracy = train(data_dir, log)
     log(f"classifier: t10k accuracy {accuracy:.4f}, trained in {time.time() - start:.0f} s; saved to {cache}")
     os.makedirs(os.path.dirname(os.path.abspath(cache)), exist_ok=True)
-    torch.save({"settings_hash": digest, "settings": TRAINING, "state": model.state_dict(),
+    torch.save({"settings_hash": digest, "settings": settings, "state": model.state_dict(),
                 "test_accuracy": accuracy}, cache + ".tmp")
     os.replace(cache + ".tmp", cache)
     return model, accuracy
@@ -453,11 +453,11 @@ def main():
     parser.add_argument("--data", default="/usr/share/datasets/fashion-mnist", help="Fashion-MNIST's IDX files")
     parser.add_argument("--cache", default=os.path.expanduser("~/.cache/loom-judge/fashion_cnn.pt"),
                         help="the trained classifier's file (default ~/.cache/loom-judge/fashion_cnn.pt)")
-    parser.add_argument("--threads", type=int, default=0, help="torch threads (default: torch's choice)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch threads (default 1: the net is small; more only help on idle cores)")
     parser.add_argument("--quiet", action="store_true", help="no line per clip, only the totals")
     args = parser.parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
+    torch.set_num_threads(max(1, args.threads))
     if args.self_test:
         return self_test()
 

@@ -14,6 +14,7 @@ extern "C" {
 #include <vector>
 
 #include "loom/data/video/libav_error.h"
+#include "loom/data/video/libav_handles.h"
 #include "loom/data/video/staged_file.h"
 #include "loom/util/errors.h"
 
@@ -26,22 +27,6 @@ struct OutputDeleter {
     if (context->pb) avio_closep(&context->pb);
     avformat_free_context(context);
   }
-};
-struct CodecDeleter {
-  void operator()(AVCodecContext* context) const { avcodec_free_context(&context); }
-};
-struct FrameDeleter {
-  void operator()(AVFrame* frame) const { av_frame_free(&frame); }
-};
-struct PacketDeleter {
-  void operator()(AVPacket* packet) const { av_packet_free(&packet); }
-};
-struct ScalerDeleter {
-  void operator()(SwsContext* scaler) const { sws_freeContext(scaler); }
-};
-struct DictionaryOwner {
-  AVDictionary* entries = nullptr;
-  ~DictionaryOwner() { av_dict_free(&entries); }
 };
 
 // Frame t of `video` padded to even sides by repeating its last row and column; (height, width, 3).
@@ -97,7 +82,7 @@ void write_mp4(const Video& video, const std::string& path, Mp4Codec codec) {
   if (rc < 0 || !raw_output) throw fail("cannot set up the MP4 muxer", rc < 0 ? rc : AVERROR(ENOMEM));
   std::unique_ptr<AVFormatContext, OutputDeleter> output(raw_output);
 
-  std::unique_ptr<AVCodecContext, CodecDeleter> context(avcodec_alloc_context3(encoder));
+  libav::Codec context(avcodec_alloc_context3(encoder));
   if (!context) throw fail("cannot allocate the encoder", AVERROR(ENOMEM));
   context->width = width;
   context->height = height;
@@ -110,7 +95,7 @@ void write_mp4(const Video& video, const std::string& path, Mp4Codec codec) {
   context->color_primaries = AVCOL_PRI_SMPTE170M;
   context->color_trc = AVCOL_TRC_SMPTE170M;
   if (output->oformat->flags & AVFMT_GLOBALHEADER) context->flags |= AV_CODEC_FLAG_GLOBAL_HEADER;
-  DictionaryOwner encoder_options;
+  libav::Dictionary encoder_options;
   if (h264) {
     av_dict_set(&encoder_options.entries, "crf", "18", 0);  // visually near-lossless
     av_dict_set(&encoder_options.entries, "preset", "medium", 0);
@@ -130,17 +115,16 @@ void write_mp4(const Video& video, const std::string& path, Mp4Codec codec) {
 
   rc = avio_open(&output->pb, url.c_str(), AVIO_FLAG_WRITE);
   if (rc < 0) throw fail("cannot open " + file.temporary_path(), rc);
-  DictionaryOwner muxer_options;
+  libav::Dictionary muxer_options;
   av_dict_set(&muxer_options.entries, "movflags", "+faststart", 0);
   rc = avformat_write_header(output.get(), &muxer_options.entries);
   if (rc < 0) throw fail("cannot write the MP4 header", rc);
 
-  std::unique_ptr<SwsContext, ScalerDeleter> scaler(
-      sws_getContext(width, height, AV_PIX_FMT_RGB24, width, height, AV_PIX_FMT_YUV420P,
-                     SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr));
+  libav::Scaler scaler(sws_getContext(width, height, AV_PIX_FMT_RGB24, width, height, AV_PIX_FMT_YUV420P,
+                                      SWS_BILINEAR | SWS_ACCURATE_RND, nullptr, nullptr, nullptr));
   if (!scaler) throw fail("cannot set up the RGB to YUV conversion", AVERROR(EINVAL));
-  std::unique_ptr<AVFrame, FrameDeleter> frame(av_frame_alloc());
-  std::unique_ptr<AVPacket, PacketDeleter> packet(av_packet_alloc());
+  libav::Frame frame(av_frame_alloc());
+  libav::Packet packet(av_packet_alloc());
   if (!frame || !packet) throw fail("cannot allocate a frame", AVERROR(ENOMEM));
   frame->format = AV_PIX_FMT_YUV420P;
   frame->width = width;

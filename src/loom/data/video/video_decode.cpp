@@ -20,6 +20,7 @@ extern "C" {
 
 #include "loom/data/image/decode.h"
 #include "loom/data/video/libav_error.h"
+#include "loom/data/video/libav_handles.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
 
@@ -33,24 +34,8 @@ constexpr double kSameInstantSeconds = 1e-6;
 struct InputDeleter {
   void operator()(AVFormatContext* context) const { avformat_close_input(&context); }
 };
-struct CodecDeleter {
-  void operator()(AVCodecContext* context) const { avcodec_free_context(&context); }
-};
-struct FrameDeleter {
-  void operator()(AVFrame* frame) const { av_frame_free(&frame); }
-};
-struct PacketDeleter {
-  void operator()(AVPacket* packet) const { av_packet_free(&packet); }
-};
-struct ScalerDeleter {
-  void operator()(SwsContext* scaler) const { sws_freeContext(scaler); }
-};
 struct IoDeleter {
   void operator()(AVIOContext* io) const { avio_closep(&io); }
-};
-struct DictionaryOwner {
-  AVDictionary* entries = nullptr;
-  ~DictionaryOwner() { av_dict_free(&entries); }
 };
 
 // The frame's duration in its stream's time base (0 when unknown); FFmpeg 6 renamed the field.
@@ -134,7 +119,7 @@ class FrameConverter {
   const int height_, width_;
   int scaled_height_ = 0, scaled_width_ = 0;
   int source_width_ = 0, source_height_ = 0, source_format_ = -1, source_colorspace_ = -1, source_range_ = -1;
-  std::unique_ptr<SwsContext, ScalerDeleter> scaler_;
+  libav::Scaler scaler_;
   std::vector<uint8_t> scaled_;
 };
 
@@ -188,7 +173,7 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
                            kVideoContainers));
 
   AVFormatContext* raw_input = nullptr;
-  DictionaryOwner input_options;
+  libav::Dictionary input_options;
   av_dict_set(&input_options.entries, "protocol_whitelist", "file", 0);
   int rc = avformat_open_input(&raw_input, url.c_str(), container, &input_options.entries);
   if (rc < 0) throw fail(fmt::format("cannot read it as {}: {}", container->name, libav_error_text(rc)));
@@ -228,7 +213,7 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
   for (unsigned i = 0; i < input->nb_streams; ++i)
     if (static_cast<int>(i) != stream_index) input->streams[i]->discard = AVDISCARD_ALL;
 
-  std::unique_ptr<AVCodecContext, CodecDeleter> context(avcodec_alloc_context3(decoder));
+  libav::Codec context(avcodec_alloc_context3(decoder));
   if (!context) throw fail("cannot allocate a decoder");
   rc = avcodec_parameters_to_context(context.get(), stream->codecpar);
   if (rc < 0) throw fail("cannot set up the decoder: " + libav_error_text(rc));
@@ -238,9 +223,9 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
   rc = avcodec_open2(context.get(), decoder, nullptr);
   if (rc < 0) throw fail(fmt::format("cannot open the {} decoder: {}", decoder->name, libav_error_text(rc)));
 
-  std::unique_ptr<AVPacket, PacketDeleter> packet(av_packet_alloc());
-  std::unique_ptr<AVFrame, FrameDeleter> decoded(av_frame_alloc());
-  std::unique_ptr<AVFrame, FrameDeleter> held(av_frame_alloc());  // the latest frame taken
+  libav::Packet packet(av_packet_alloc());
+  libav::Frame decoded(av_frame_alloc());
+  libav::Frame held(av_frame_alloc());  // the latest frame taken
   if (!packet || !decoded || !held) throw fail("cannot allocate a frame");
 
   const double time_base = av_q2d(stream->time_base);
