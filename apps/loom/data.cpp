@@ -14,6 +14,8 @@
 #include "loom/config/config.h"
 #include "loom/data/chat_template.h"
 #include "loom/data/tokenizer/tokenizer.h"
+#include "loom/dist/launch_env.h"
+#include "loom/tasks/flow_matching/features.h"
 #include "loom/tasks/vlm_sft/task.h"
 #include "loom/util/errors.h"
 #include "loom/util/log.h"
@@ -118,7 +120,7 @@ int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generati
 }  // namespace
 
 std::vector<Command> add_data(CLI::App& loom) {
-  auto* data_command = loom.add_subcommand("data", "Data tools: tokenize, export");
+  auto* data_command = loom.add_subcommand("data", "Data tools: tokenize, export, extract-features");
   data_command->require_subcommand(1);
 
   struct TokenizeArguments {
@@ -155,6 +157,24 @@ std::vector<Command> add_data(CLI::App& loom) {
   export_command->add_option("--steps", export_arguments->steps, "Steps to write (default 5)");
   export_command->add_option("--out", export_arguments->out_dir, "Output directory")->required();
 
+  struct ExtractArguments {
+    std::string config_path, out_dir;
+    std::vector<std::string> overrides;
+    int64_t samples = 0;
+  };
+  auto extract_arguments = std::make_shared<ExtractArguments>();
+  auto* extract_command = data_command->add_subcommand(
+      "extract-features",
+      "Encode a flow_matching job's training clips (and held-out ones) once with its frozen VAE and text encoder, "
+      "into data.features (or --out DIR), for the job to train on: loom data extract-features job.yaml [--samples N]");
+  extract_command->add_option("config", extract_arguments->config_path, kConfigHelp)->required();
+  extract_command->add_option("--set", extract_arguments->overrides, kOverrideHelp);
+  extract_command->add_option("--samples", extract_arguments->samples,
+                              "Training samples to encode, from the start of the job's stream (default: as many as "
+                              "its steps take, at most one epoch)");
+  extract_command->add_option("--out", extract_arguments->out_dir,
+                              "A new directory (default: the job's data.features)");
+
   return {{tokenize,
            [tokenize_arguments] {
              const auto& a = *tokenize_arguments;
@@ -166,6 +186,16 @@ std::vector<Command> add_data(CLI::App& loom) {
              configure_logging(job.tools.log_level);
              use_threads(job.training.threads, 1);
              tasks::export_steps(job, a.out_dir, a.steps);  // the job built as loom train builds it
+             return 0;
+           }},
+          {extract_command, [extract_arguments] {
+             const auto& a = *extract_arguments;
+             if (dist::launch_env_from_process().world_size > 1)
+               throw ConfigError("data extract-features runs in one process, not under loom run");
+             auto job = config::load_config(a.config_path, a.overrides);
+             configure_logging(job.tools.log_level);
+             use_threads(job.training.threads, 1);
+             fmt::print("{}\n", tasks::flow_matching::extract_features(job, a.out_dir, a.samples));
              return 0;
            }}};
 }

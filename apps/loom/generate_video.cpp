@@ -37,10 +37,9 @@ int run_generate_video(const VideoGeneration& g) {
   models::load_wan_parameters(*dit, checkpoint);
   dit->eval();
   std::shared_ptr<const data::Tokenizer> builtin;
-  if (job.data.dataset == "moving_fashion")
-    builtin = std::make_shared<data::WordTokenizer>(tasks::moving_fashion_tokenizer());
+  if (job.data.dataset == "moving_fashion") builtin = std::make_shared<data::WordTokenizer>(tasks::moving_fashion_tokenizer());
   const tasks::flow_matching::FlowHelpers helpers =
-      tasks::flow_matching::load_flow_helpers(job, *dit, builtin);
+      tasks::flow_matching::load_flow_helpers(job, dit->config, builtin);
 
   tasks::flow_matching::GenerationSettings settings;
   settings.frames = g.frames > 0 ? g.frames : job.data.frames;
@@ -53,7 +52,7 @@ int run_generate_video(const VideoGeneration& g) {
                                          g.solver.empty() ? "training.sample_solver" : "--solver");
   const at::Tensor clips = tasks::flow_matching::generate_videos(*dit, *helpers.vae, *helpers.captions,
                                                                  {g.prompt}, {g.seed}, settings);
-  tasks::flow_matching::write_clip(clips[0], g.out_dir, "video", g.fps);
+  tasks::write_clip(clips[0], g.out_dir, "video", g.fps);
   fmt::print(
       "wrote {0}/video.gif, {0}/video.mp4 and {1} frames in {0}/video/ ({2} steps of {3}, guidance {4}, seed "
       "{5})\n",

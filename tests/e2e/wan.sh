@@ -7,9 +7,9 @@ source "$(dirname "$0")/lib.bash"
 shrink=(--set tools.progress_bar=false --set tools.log_every=1 --set data.eval_samples=4 --set data.num_workers=0
   --set training.global_batch_size=4 --set training.micro_batch_size=2 --set training.warmup_steps=0
   --set training.save_every=0)
-vae=("$SRC/configs/wan-moving-fashion-vae.yaml" "${shrink[@]}" --set training.steps=4)
+vae=("$SRC/configs/wan-moving-fashion-vae.yaml" "${shrink[@]}" --set training.steps=4 --set training.eval_videos=1)
 dit=("$SRC/configs/wan-moving-fashion.yaml" "${shrink[@]}" --set training.steps=4 --set model.vae="$WORK/vae"
-  --set training.eval_videos=1 --set training.sample_steps=3)
+  --set training.eval_videos=1 --set training.sample_steps=3 --set data.features=)
 
 # train NAME RANKS CONFIG ARGS...: one process (RANKS 1) or RANKS through loom run; output_dir $WORK/NAME.
 train() {
@@ -33,11 +33,13 @@ PY
 }
 
 train vae 1 "${vae[@]}"
-grep -q "eval: held-out loss .* reconstruction PSNR .* dB on 4 clips" "$WORK/vae.log" || { cat "$WORK/vae.log"; fail "VAE evaluation"; }
+grep -q "eval: held-out loss .* reconstruction PSNR .* dB on 4 clips; 1 held-out clips reconstructed into $WORK/vae/samples/step-00000004" "$WORK/vae.log" ||
+  { cat "$WORK/vae.log"; fail "VAE evaluation"; }
+[ -s "$WORK/vae/samples/step-00000004/sample-000.gif" ] || fail "no reconstructed clip"
 python3 - "$WORK/vae/step-00000004/config.json" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-assert len(config["latents_mean"]) == len(config["latents_std"]) == 8, config
+assert len(config["latents_mean"]) == len(config["latents_std"]) == 16, config
 assert all(s > 0 for s in config["latents_std"]), config
 PY
 for layout in dp zero1 zero3; do

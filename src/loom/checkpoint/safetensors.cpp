@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -281,6 +282,21 @@ at::Tensor SafetensorsReader::load(const std::string& name) const {
   }
   at::Tensor tensor = at::empty(e.shape, at::TensorOptions().dtype(e.dtype).device(at::kCPU));
   if (size > 0) std::memcpy(tensor.data_ptr(), source, size);
+  return tensor;
+}
+
+at::Tensor SafetensorsReader::load_rows(const std::string& name, int64_t begin, int64_t end) const {
+  const Entry& e = entry(name);
+  if (e.shape.empty() || begin < 0 || end < begin || end > e.shape[0])
+    throw CheckpointError(fmt::format("'{}': rows [{}, {}) of tensor '{}' of shape [{}] do not exist", path_,
+                                      begin, end, name, fmt::join(e.shape, ", ")));
+  if (e.dtype == at::kBool) return load(name).slice(0, begin, end).clone();
+  std::vector<int64_t> shape = e.shape;
+  shape[0] = end - begin;
+  const size_t row = e.shape[0] == 0 ? 0 : (e.end - e.begin) / static_cast<size_t>(e.shape[0]);
+  at::Tensor tensor = at::empty(shape, at::TensorOptions().dtype(e.dtype).device(at::kCPU));
+  const size_t size = row * static_cast<size_t>(end - begin);
+  if (size > 0) std::memcpy(tensor.data_ptr(), data_ + e.begin + row * static_cast<size_t>(begin), size);
   return tensor;
 }
 

@@ -38,6 +38,9 @@ class SafetensorsReader {
   size_t nbytes(const std::string& name) const;
   // A new contiguous CPU tensor that owns its memory, in the stored dtype.
   at::Tensor load(const std::string& name) const;
+  // Rows [begin, end) of its first dimension, copied alone (a slice of a large tensor without reading
+  // the rest). CheckpointError for a tensor of no dimensions or rows out of range.
+  at::Tensor load_rows(const std::string& name, int64_t begin, int64_t end) const;
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
@@ -83,6 +86,9 @@ class WeightSource {
   std::vector<int64_t> shape(const std::string& name) const;
   at::ScalarType dtype(const std::string& name) const;
   at::Tensor load(const std::string& name) const;
+  // Rows [begin, end) of its first dimension, copied alone (a slice of a large tensor without reading
+  // the rest). CheckpointError for a tensor of no dimensions or rows out of range.
+  at::Tensor load_rows(const std::string& name, int64_t begin, int64_t end) const;
   // The file that holds `name`.
   const std::string& file_of(const std::string& name) const;
 

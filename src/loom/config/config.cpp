@@ -124,7 +124,13 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
   switch (readers) {
     case ReadBy::messages:
       r.fail(name, fmt::format("is only used by dataset messages, not {}; remove it", d.dataset));
+    case ReadBy::files:
+      r.fail(name, fmt::format("is only used by datasets messages and videos (the user's files), not {}; remove it",
+                               d.dataset));
     case ReadBy::built_in:
+      if (d.dataset == "videos")
+        r.fail(name, fmt::format("is not used by dataset videos (its files are listed in {}); remove it",
+                                 r.key_of(key::name_of(&S::datasets))));
       r.fail(name, fmt::format("is not used by dataset messages (images are sized by {} and {}); remove it",
                                key::name_of(&S::min_pixels), key::name_of(&S::max_pixels)));
     case ReadBy::built_in_images:
@@ -134,8 +140,11 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
       r.fail(name, fmt::format("is not used by dataset messages (images are sized by {} and {}); remove it",
                                key::name_of(&S::min_pixels), key::name_of(&S::max_pixels)));
     case ReadBy::video:
-      r.fail(name,
-             fmt::format("is only used by the video dataset moving_fashion, not {}; remove it", d.dataset));
+      r.fail(name, fmt::format("is only used by the video datasets moving_fashion and videos, not {}; remove it",
+                               d.dataset));
+    case ReadBy::videos:
+      r.fail(name, fmt::format("is only used by dataset videos, not {}; remove it", d.dataset));
+
     default:
       return;
   }
@@ -148,7 +157,10 @@ void refuse_unread(const SectionReader& r, const ModelSection& m, const char* na
 
 void refuse_unread(const SectionReader& r, const TrainingSection& t, const char* name, ReadBy readers) {
   r.fail(name, fmt::format("is only used by task {}, not {}; remove it",
-                           readers == ReadBy::vae ? "vae" : "flow_matching", t.task));
+                           readers == ReadBy::vae              ? "vae"
+                           : readers == ReadBy::flow_matching ? "flow_matching"
+                                                               : "flow_matching or vae",
+                           t.task));
 }
 
 // Reads the keys S declares from one mapping into `section`: for each key in order, refused if the
@@ -459,14 +471,19 @@ bool DataSection::reads(ReadBy datasets) const {
   switch (datasets) {
     case ReadBy::messages:
       return dataset == "messages";
+    case ReadBy::files:
+      return dataset == "messages" || dataset == "videos";
     case ReadBy::built_in:
-      return dataset != "messages";
+      return dataset != "messages" && dataset != "videos";
     case ReadBy::built_in_images:
       return dataset == "shapes_vqa" || dataset == "fashion_mnist";
     case ReadBy::fashion_mnist:
       return dataset == "fashion_mnist";
     case ReadBy::video:
-      return dataset == "moving_fashion";
+      return dataset == "moving_fashion" || dataset == "videos";
+    case ReadBy::videos:
+      return dataset == "videos";
+
     default:
       return false;
   }

@@ -20,7 +20,9 @@ namespace loom::config {
 // than off: shapes_vqa's job.yaml files have held `hflip: false` and `shift: 0`): messages, every
 // built-in set, the built-in image sets, fashion_mnist, the video sets. Model keys by family: the Wan
 // DiT. Training keys by task: flow_matching, vae.
-enum class ReadBy { messages, built_in, built_in_images, fashion_mnist, video, wan, flow_matching, vae };
+enum class ReadBy {
+  messages, files, built_in, built_in_images, fashion_mnist, video, videos, wan, flow_matching, vae
+};
 
 struct ModelSection {
   std::string family;               // required: qwen2_vl | qwen2_5_vl | wan | wan_vae
@@ -66,7 +68,9 @@ struct ModelSection {
 
 // One conversation file of data.datasets / data.eval_datasets (dataset: messages).
 struct DatasetFile {
-  std::string path;     // required: JSON array or JSON lines of {"messages": [...], "images": [...]}
+  // Required: JSON array or JSON lines of {"messages": [...], "images": [...]} (messages), or of
+  // {"video" or "image": PATH, "caption": TEXT} (videos).
+  std::string path;
   std::string root;     // image paths are relative to it; empty = the file's directory
   double weight = 1.0;  // > 0: its share of the mixed training stream
   // Names the file uses instead of the defaults, by field: messages, images, videos, role,
@@ -87,10 +91,11 @@ struct DatasetFile {
 };
 
 struct DataSection {
-  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | moving_fashion | messages
+  std::string dataset = "shapes_vqa";  // shapes_vqa | fashion_mnist | moving_fashion | messages | videos
+  // messages and videos:
+  std::vector<DatasetFile> datasets, eval_datasets;  // training mix; held-out files (may be empty)
   // messages only:
   std::string tokenizer;                                      // HF tokenizer.json or SentencePiece .model
-  std::vector<DatasetFile> datasets, eval_datasets;           // training mix; held-out files (may be empty)
   bool train_on_prompt = false;                               // labels on the prompt too, not only replies
   int64_t min_pixels = 56 * 56, max_pixels = 28 * 28 * 1280;  // Qwen2-VL image processor bounds
   // shapes_vqa and fashion_mnist only:
@@ -98,9 +103,14 @@ struct DataSection {
   int64_t image_size = 56;  // positive multiple of 28
   bool hflip = false;       // fashion_mnist: mirror each training image left-right with probability 1/2
   int64_t shift = 0;        // fashion_mnist: move each training image by up to this many pixels
-  // moving_fashion only:
-  int64_t video_size = 48;  // the square canvas's side in pixels
+  // moving_fashion and videos:
+  int64_t video_size = 48;  // the square clip's side in pixels
   int64_t frames = 9;       // frames per clip
+  // videos only:
+  double fps = 16;  // the rate frames are taken from a video at
+  // moving_fashion and videos, for flow_matching: the clips' features as loom data extract-features
+  // wrote them into this directory; empty: encoded on the fly
+  std::string features;
   // every dataset:
   int64_t eval_samples = 1000;  // > 0, at most the held-out split (shapes_vqa: ShapesVqa::kMaxEvalSamples)
   int64_t eval_max_new_tokens = 64;  // > 0: the longest answer the evaluation decodes
@@ -120,12 +130,13 @@ struct DataSection {
   static void keys(Keys& k) {
     using namespace key;
     using S = DataSection;
-    k("dataset", &S::dataset, one_of({"shapes_vqa", "fashion_mnist", "moving_fashion", "messages"}));
+    k("dataset", &S::dataset,
+      one_of({"shapes_vqa", "fashion_mnist", "moving_fashion", "messages", "videos"}));
     k("tokenizer", &S::tokenizer, ReadBy::messages,
       required("a HuggingFace tokenizer.json or a SentencePiece .model"), not_empty());
-    k("datasets", &S::datasets, ReadBy::messages,
-      required("a list of {path: FILE} conversation files to train on"));
-    k("eval_datasets", &S::eval_datasets, ReadBy::messages);
+    k("datasets", &S::datasets, ReadBy::files,
+      required("a list of {path: FILE} conversation or video files to train on"));
+    k("eval_datasets", &S::eval_datasets, ReadBy::files);
     k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
     k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(1));
     k("max_pixels", &S::max_pixels, ReadBy::messages,
@@ -136,6 +147,8 @@ struct DataSection {
     k("shift", &S::shift, ReadBy::fashion_mnist, at_least(0));
     k("video_size", &S::video_size, ReadBy::video, at_least(int64_t{16}), at_most(int64_t{4096}));
     k("frames", &S::frames, ReadBy::video, at_least(int64_t{1}), at_most(int64_t{4097}));
+    k("fps", &S::fps, ReadBy::videos, above(0.0), at_most(1000.0));
+    k("features", &S::features, ReadBy::video);
     k("eval_samples", &S::eval_samples, at_least(1));
     k("eval_max_new_tokens", &S::eval_max_new_tokens, at_least(1), at_most(kMaxSequence));
     k("max_seq_len", &S::max_seq_len, at_least(1), at_most(kMaxSequence));
@@ -222,7 +235,7 @@ struct TrainingSection {
   std::string sample_solver = "dpm++";  // euler | dpm++ | unipc
   int64_t sample_steps = 25;
   double sample_guidance = 5.0, sample_shift = 3.0;
-  int64_t eval_videos = 4;  // held-out captions sampled at each evaluation (0: none)
+  int64_t eval_videos = 4;  // held-out captions sampled (flow_matching) or clips reconstructed (vae) at each evaluation
   // task vae: the loss per pixel is the squared reconstruction error plus kl_weight x the KL divergence
   // of the posterior from N(0, I), summed over the latent elements, per pixel.
   double kl_weight = 1e-4;
@@ -244,7 +257,8 @@ struct TrainingSection {
 
   bool reads(ReadBy readers) const {
     return (readers == ReadBy::flow_matching && task == "flow_matching") ||
-           (readers == ReadBy::vae && task == "vae");
+           (readers == ReadBy::vae && task == "vae") ||
+           (readers == ReadBy::video && (task == "flow_matching" || task == "vae"));
   }
 
   template <class Keys>
@@ -277,7 +291,7 @@ struct TrainingSection {
     k("sample_steps", &S::sample_steps, ReadBy::flow_matching, at_least(int64_t{1}), at_most(int64_t{1000}));
     k("sample_guidance", &S::sample_guidance, ReadBy::flow_matching, at_least(0.0));
     k("sample_shift", &S::sample_shift, ReadBy::flow_matching, above(0.0));
-    k("eval_videos", &S::eval_videos, ReadBy::flow_matching, at_least(int64_t{0}), at_most(int64_t{1000}));
+    k("eval_videos", &S::eval_videos, ReadBy::video, at_least(int64_t{0}), at_most(int64_t{1000}));
     k("kl_weight", &S::kl_weight, ReadBy::vae, at_least(0.0));
     k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
     k("save_every", &S::save_every, at_least(0));

@@ -1,6 +1,8 @@
 // Reading conversation dataset files, checking each sample, recording skips, and the weighted mix.
 #include "loom/data/conversation.h"
 
+#include "loom/data/json_samples.h"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -32,26 +34,6 @@ const char* role_name(Role role) {
 std::string with_article(Role role) {
   return fmt::format("{} {}", role == Role::assistant ? "an" : "a", role_name(role));
 }
-
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw DataError(fmt::format("cannot open conversation dataset {}", path));
-  std::ostringstream out;
-  out << in.rdbuf();
-  return out.str();
-}
-
-// 1-based line and column of the character at 0-based offset `at` in text.
-std::pair<int64_t, int64_t> line_and_column(const std::string& text, size_t at) {
-  at = std::min(at, text.size());
-  const int64_t line = 1 + std::count(text.begin(), text.begin() + at, '\n');
-  const size_t newline = at == 0 ? std::string::npos : text.rfind('\n', at - 1);
-  const int64_t column = static_cast<int64_t>(newline == std::string::npos ? at + 1 : at - newline);
-  return {line, column};
-}
-
-// nlohmann's parse_error::byte counts the characters read, the offending one included.
-size_t error_offset(const json::parse_error& e) { return e.byte == 0 ? 0 : e.byte - 1; }
 
 // Parses one sample object into a Conversation, or returns the reason it is unusable. Throws
 // DataError for a sample with videos.
@@ -111,13 +93,6 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const std:
   }
   return conversation_problem(out);
 }
-
-uint64_t derive_key(uint64_t seed, uint64_t a, uint64_t b, uint64_t c) {
-  return splitmix64(splitmix64(splitmix64(splitmix64(seed) ^ a) ^ b) ^ c);
-}
-
-constexpr uint64_t kEpochOrderTag = 0x6d69782d6f726465ULL;    // positions of a mix epoch
-constexpr uint64_t kDatasetOrderTag = 0x646174612d6f7264ULL;  // a dataset's samples in one pass
 
 }  // namespace
 
@@ -182,6 +157,10 @@ const char* skip_kind_name(SkipKind kind) {
       return "corrupt image";
     case SkipKind::bad_sample:
       return "bad sample";
+    case SkipKind::missing_video:
+      return "missing video";
+    case SkipKind::corrupt_video:
+      return "corrupt video";
   }
   return "?";
 }
@@ -205,6 +184,12 @@ void SkipLog::record(SkipRecord record) {
     case SkipKind::bad_sample:
       ++counts_.bad_sample;
       break;
+    case SkipKind::missing_video:
+      ++counts_.missing_video;
+      break;
+    case SkipKind::corrupt_video:
+      ++counts_.corrupt_video;
+      break;
   }
   if (on_skip_) on_skip_(record);
   if (records_.size() < max_records_) records_.push_back(std::move(record));
@@ -221,7 +206,6 @@ std::vector<SkipRecord> SkipLog::records() const {
 }
 
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips) {
-  const std::string text = read_whole_file(spec.path);
   const std::filesystem::path root =
       spec.root.empty() ? std::filesystem::path(spec.path).parent_path() : std::filesystem::path(spec.root);
   std::vector<Conversation> out;
@@ -234,140 +218,62 @@ std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& s
       skips.record({SkipKind::bad_sample, spec.path, index, std::move(problem)});
     }
   };
-  const size_t first = text.find_first_not_of(" \t\r\n");
-  if (first == std::string::npos) return out;
-  if (text[first] == '[') {
-    json root_value;
-    try {
-      root_value = json::parse(text);
-    } catch (const json::parse_error& e) {
-      const auto [line, column] = line_and_column(text, error_offset(e));
-      throw DataError(fmt::format("conversation dataset {}: malformed JSON at line {}, column {}: {}",
-                                  spec.path, line, column, e.what()));
-    }
-    for (size_t i = 0; i < root_value.size(); ++i) take(root_value[i], static_cast<int64_t>(i));
-    return out;
-  }
-  // JSON lines: one sample per non-blank line.
-  int64_t line_number = 0, index = 0;
-  size_t begin = 0;
-  while (begin <= text.size()) {
-    size_t end = text.find('\n', begin);
-    if (end == std::string::npos) end = text.size();
-    ++line_number;
-    const std::string line = text.substr(begin, end - begin);
-    if (line.find_first_not_of(" \t\r") != std::string::npos) {
-      json sample;
-      try {
-        sample = json::parse(line);
-      } catch (const json::parse_error& e) {
-        throw DataError(fmt::format(
-            "conversation dataset {}: malformed JSON at line {}, column {} (sample {}, read as JSON "
-            "lines since the file does not start with '['): {}",
-            spec.path, line_number, error_offset(e) + 1, index, e.what()));
-      }
-      take(sample, index++);
-    }
-    begin = end + 1;
+  for_each_json_sample(spec.path, "conversation", take);
+  return out;
+}
+
+namespace {
+
+std::vector<int64_t> sizes_of(const std::vector<std::vector<Conversation>>& datasets) {
+  std::vector<int64_t> sizes;
+  for (const auto& d : datasets) sizes.push_back(static_cast<int64_t>(d.size()));
+  return sizes;
+}
+
+std::vector<std::vector<Conversation>> read_all(const std::vector<DatasetSpec>& specs, SkipLog& skips) {
+  std::vector<std::vector<Conversation>> out;
+  for (const DatasetSpec& spec : specs) {
+    if (!std::isfinite(spec.weight) || spec.weight <= 0)
+      throw ConfigError(fmt::format("conversation dataset {}: weight {} must be a positive number", spec.path,
+                                    spec.weight));
+    out.push_back(read_conversations(spec, skips));
   }
   return out;
 }
 
-ConversationMix::ConversationMix(const std::vector<DatasetSpec>& specs, uint64_t seed, SkipLog& skips)
-    : seed_(seed) {
-  std::vector<std::string> names;
-  for (const DatasetSpec& spec : specs) {
-    if (!std::isfinite(spec.weight) || spec.weight <= 0) {
-      throw ConfigError(fmt::format("conversation dataset {}: weight {} must be a positive number", spec.path,
-                                    spec.weight));
-    }
-    datasets_.push_back(read_conversations(spec, skips));
-    weights_.push_back(spec.weight);
-    names.push_back(spec.path);
-  }
-  check_and_lay_out(names);
+std::vector<double> weights_of(const std::vector<DatasetSpec>& specs) {
+  std::vector<double> weights;
+  for (const DatasetSpec& spec : specs) weights.push_back(spec.weight);
+  return weights;
 }
+
+std::vector<std::string> paths_of(const std::vector<DatasetSpec>& specs) {
+  std::vector<std::string> names;
+  for (const DatasetSpec& spec : specs) names.push_back(spec.path);
+  return names;
+}
+
+std::vector<std::string> numbered(size_t count) {
+  std::vector<std::string> names;
+  for (size_t d = 0; d < count; ++d) names.push_back(fmt::format("dataset {}", d));
+  return names;
+}
+
+}  // namespace
+
+ConversationMix::ConversationMix(const std::vector<DatasetSpec>& specs, uint64_t seed, SkipLog& skips)
+    : datasets_(read_all(specs, skips)),
+      layout_(sizes_of(datasets_), weights_of(specs), paths_of(specs), seed, "conversation") {}
 
 ConversationMix::ConversationMix(std::vector<std::vector<Conversation>> datasets, std::vector<double> weights,
                                  uint64_t seed)
-    : datasets_(std::move(datasets)), weights_(std::move(weights)), seed_(seed) {
-  if (weights_.size() != datasets_.size()) {
-    throw ConfigError(fmt::format("conversation mix: {} datasets but {} weights; give one weight per dataset",
-                                  datasets_.size(), weights_.size()));
-  }
-  std::vector<std::string> names;
-  for (size_t d = 0; d < datasets_.size(); ++d) {
-    names.push_back(fmt::format("dataset {}", d));
-    if (!std::isfinite(weights_[d]) || weights_[d] <= 0) {
-      throw ConfigError(
-          fmt::format("conversation mix: weight {} of dataset {} must be a positive number", weights_[d], d));
-    }
-  }
-  check_and_lay_out(names);
-}
-
-void ConversationMix::check_and_lay_out(const std::vector<std::string>& names) {
-  if (datasets_.empty()) throw DataError("conversation mix: no datasets given; list at least one");
-  epoch_size_ = 0;
-  for (size_t d = 0; d < datasets_.size(); ++d) {
-    if (datasets_[d].empty()) {
-      throw DataError(fmt::format("conversation dataset {} has no usable samples", names[d]));
-    }
-    epoch_size_ += static_cast<int64_t>(datasets_[d].size());
-  }
-  // Largest remainder: floor of each exact share, the rest to the largest fractions.
-  const double total_weight = std::accumulate(weights_.begin(), weights_.end(), 0.0);
-  std::vector<double> fractions(datasets_.size());
-  quotas_.assign(datasets_.size(), 0);
-  int64_t assigned = 0;
-  for (size_t d = 0; d < datasets_.size(); ++d) {
-    const double share = static_cast<double>(epoch_size_) * weights_[d] / total_weight;
-    quotas_[d] = static_cast<int64_t>(std::floor(share));
-    fractions[d] = share - std::floor(share);
-    assigned += quotas_[d];
-  }
-  std::vector<size_t> order(datasets_.size());
-  std::iota(order.begin(), order.end(), 0);
-  std::stable_sort(order.begin(), order.end(),
-                   [&](size_t a, size_t b) { return fractions[a] > fractions[b]; });
-  for (size_t i = 0; assigned < epoch_size_; i = (i + 1) % order.size(), ++assigned) ++quotas_[order[i]];
-  starts_.assign(datasets_.size(), 0);
-  for (size_t d = 1; d < datasets_.size(); ++d) starts_[d] = starts_[d - 1] + quotas_[d - 1];
-}
-
-int64_t ConversationMix::dataset_size(size_t dataset) const {
-  if (dataset >= datasets_.size()) {
-    throw DataError(
-        fmt::format("conversation mix: dataset {} does not exist; there are {}", dataset, datasets_.size()));
-  }
-  return static_cast<int64_t>(datasets_[dataset].size());
-}
-
-int64_t ConversationMix::quota(size_t dataset) const {
-  dataset_size(dataset);  // bounds check
-  return quotas_[dataset];
-}
-
-MixPosition ConversationMix::locate(int64_t index) const {
-  if (index < 0) throw DataError(fmt::format("conversation mix: sample index {} is negative", index));
-  MixPosition at;
-  at.epoch = index / epoch_size_;
-  const uint64_t slot = permute_index(static_cast<uint64_t>(index % epoch_size_), epoch_size_,
-                                      derive_key(seed_, kEpochOrderTag, at.epoch, 0));
-  // The last dataset whose block starts at or before the slot (datasets with quota 0 own no slot).
-  at.dataset = static_cast<size_t>(
-      std::upper_bound(starts_.begin(), starts_.end(), static_cast<int64_t>(slot)) - starts_.begin() - 1);
-  const int64_t draw = at.epoch * quotas_[at.dataset] + (static_cast<int64_t>(slot) - starts_[at.dataset]);
-  const int64_t n = static_cast<int64_t>(datasets_[at.dataset].size());
-  const int64_t pass = draw / n;
-  at.sample = static_cast<int64_t>(permute_index(static_cast<uint64_t>(draw % n), n,
-                                                 derive_key(seed_, kDatasetOrderTag, at.dataset, pass)));
-  return at;
-}
+    : datasets_(std::move(datasets)),
+      layout_(sizes_of(datasets_), std::move(weights), numbered(datasets_.size()), seed,
+              "conversation") {}
 
 const Conversation& ConversationMix::sample(int64_t index) const {
   const MixPosition at = locate(index);
-  return datasets_[at.dataset][at.sample];
+  return datasets_[at.dataset][static_cast<size_t>(at.sample)];
 }
 
 }  // namespace loom::data

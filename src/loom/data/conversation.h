@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/mix.h"
+
 namespace loom::data {
 
 // The keys and role names a dataset file uses. ShareGPT-style files, for example, are read with
@@ -61,8 +63,8 @@ std::string chat_problem(const std::vector<Message>& messages);
 // as images.
 std::string conversation_problem(const Conversation& conversation);
 
-enum class SkipKind { missing_image, corrupt_image, bad_sample };
-const char* skip_kind_name(SkipKind kind);  // "missing image", "corrupt image", "bad sample"
+enum class SkipKind { missing_image, corrupt_image, bad_sample, missing_video, corrupt_video };
+const char* skip_kind_name(SkipKind kind);  // "missing image", "corrupt image", "bad sample", ...
 
 struct SkipRecord {
   SkipKind kind = SkipKind::bad_sample;
@@ -73,8 +75,8 @@ struct SkipRecord {
 };
 
 struct SkipCounts {
-  int64_t missing_image = 0, corrupt_image = 0, bad_sample = 0;
-  int64_t total() const { return missing_image + corrupt_image + bad_sample; }
+  int64_t missing_image = 0, corrupt_image = 0, bad_sample = 0, missing_video = 0, corrupt_video = 0;
+  int64_t total() const { return missing_image + corrupt_image + bad_sample + missing_video + corrupt_video; }
 };
 
 // Counts every skipped sample and keeps the first max_records of them; on_skip, when given, sees
@@ -103,22 +105,9 @@ class SkipLog {
 // with videos (video samples are not supported in this version).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
-struct MixPosition {
-  size_t dataset = 0;  // which dataset
-  int64_t sample = 0;  // index into that dataset's usable samples
-  int64_t epoch = 0;   // epoch of the mix
-};
 
-// Several datasets as one stream. An epoch of the mix is as long as all datasets' usable samples
-// together (N = sum of n_d); dataset d fills q_d of its positions, q_d proportional to its weight
-// (N * w_d / sum w, rounded by largest remainder, ties to the earlier dataset). The positions of an
-// epoch are a random permutation, keyed by (seed, epoch), of the block layout
-// [q_0 x dataset 0, q_1 x dataset 1, ...]: weighted sampling without replacement over the epoch's
-// quota. Dataset d's draws, counted across epochs, walk through its samples in a fresh random
-// order per pass (keyed by (seed, d, pass)), so a small, heavily weighted dataset repeats every
-// sample before any sample a third time, and a lightly weighted one continues where the previous
-// epoch left off. Everything is computed from the index; the mix is immutable after construction,
-// and sample() and locate() may be called from several threads at once.
+// Several conversation datasets as one stream, laid out as MixLayout says. Immutable after
+// construction; sample() and locate() may be called from several threads at once.
 class ConversationMix {
  public:
   // Reads every dataset (bad samples go to skips). ConfigError for a weight that is not a positive
@@ -128,23 +117,18 @@ class ConversationMix {
   ConversationMix(std::vector<std::vector<Conversation>> datasets, std::vector<double> weights,
                   uint64_t seed);
 
-  int64_t size() const { return epoch_size_; }  // positions in one epoch
-  size_t dataset_count() const { return datasets_.size(); }
-  int64_t dataset_size(size_t dataset) const;  // usable samples of a dataset
-  int64_t quota(size_t dataset) const;         // its positions per epoch
+  int64_t size() const { return layout_.size(); }  // positions in one epoch
+  size_t dataset_count() const { return layout_.dataset_count(); }
+  int64_t dataset_size(size_t dataset) const { return layout_.dataset_size(dataset); }
+  int64_t quota(size_t dataset) const { return layout_.quota(dataset); }
 
   // Any index >= 0; indices past size() fall in later epochs. DataError for a negative index.
-  MixPosition locate(int64_t index) const;
+  MixPosition locate(int64_t index) const { return layout_.locate(index); }
   const Conversation& sample(int64_t index) const;
 
  private:
-  void check_and_lay_out(const std::vector<std::string>& names);
-
   std::vector<std::vector<Conversation>> datasets_;
-  std::vector<double> weights_;
-  uint64_t seed_ = 0;
-  int64_t epoch_size_ = 0;
-  std::vector<int64_t> quotas_, starts_;  // starts_[d] = q_0 + ... + q_{d-1}
+  MixLayout layout_;
 };
 
 }  // namespace loom::data

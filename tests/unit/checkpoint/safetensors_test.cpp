@@ -164,6 +164,27 @@ TEST(SafetensorsReader, LoadedTensorOwnsItsMemory) {
   EXPECT_EQ(x.item<float>(), 1.0f);
 }
 
+TEST(SafetensorsReader, LoadRowsCopiesJustTheRowsOfTheFirstDimension) {
+  TempDir dir;
+  const std::string path = dir.file("rows.safetensors");
+  const at::Tensor x = at::arange(5 * 2 * 3, at::kFloat).reshape({5, 2, 3});
+  const at::Tensor i = at::arange(7, at::kLong);
+  save_safetensors(path, {{"x", x}, {"i", i}});
+  const SafetensorsReader reader(path);
+  EXPECT_TRUE(at::equal(reader.load_rows("x", 1, 4), x.slice(0, 1, 4)));
+  EXPECT_TRUE(at::equal(reader.load_rows("x", 4, 5), x.slice(0, 4, 5)));
+  EXPECT_EQ(reader.load_rows("x", 2, 2).sizes().vec(), (std::vector<int64_t>{0, 2, 3}));
+  EXPECT_TRUE(at::equal(reader.load_rows("i", 3, 7), i.slice(0, 3, 7)));
+  for (auto [begin, end] : {std::pair{-1, 2}, {3, 2}, {4, 6}}) {
+    try {
+      reader.load_rows("x", begin, end);
+      ADD_FAILURE() << "rows " << begin << ".." << end << " were read";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    }
+  }
+}
+
 TEST(SafetensorsReader, AcceptsUnpaddedHeader) {
   TempDir dir;
   const std::string path = dir.file("unpadded.safetensors");

@@ -281,7 +281,8 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
             "job.yaml: model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, wan, wan_vae");
   EXPECT_EQ(
       parse_error(kMinimal + "data: {dataset: mnist}\n"),
-      "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, moving_fashion, messages");
+      "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, moving_fashion, messages, "
+            "videos");
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
@@ -402,8 +403,23 @@ TEST(ParseConfigErrors, VideoKeysOnlyWhereRead) {
   EXPECT_EQ(parse_error(kMinimal, {"training.kl_weight=0.1"}),
             "--set training.kl_weight=0.1: is only used by task vae, not vlm_sft; remove it");
   EXPECT_EQ(parse_error(kMinimal, {"data.frames=5"}),
-            "--set data.frames=5: is only used by the video dataset moving_fashion, not shapes_vqa; "
+            "--set data.frames=5: is only used by the video datasets moving_fashion and videos, not "
+            "shapes_vqa; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=moving_fashion", "data.fps=8"}),
+            "--set data.fps=8: is only used by dataset videos, not moving_fashion; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.features=f"}),
+            "--set data.features=f: is only used by the video datasets moving_fashion and videos, not "
+            "shapes_vqa; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos"}),
+            "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video files to "
+            "train on)");
+  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos", "data.datasets=[{path: v.jsonl}]", "data.dir=d"}),
+            "--set data.dir=d: is not used by dataset videos (its files are listed in data.datasets); "
             "remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos", "data.datasets=[{path: v.jsonl}]", "data.fps=0"}),
+            "--set data.fps=0: must be > 0, got 0");
+  EXPECT_EQ(parse_error(kMinimal, {"training.eval_videos=2"}),
+            "--set training.eval_videos=2: is only used by task flow_matching or vae, not vlm_sft; remove it");
   EXPECT_EQ(parse_error(kMinimal, {"data.dataset=moving_fashion", "data.image_size=56"}),
             "--set data.image_size=56: is not used by dataset moving_fashion (its clips are sized "
             "by data.video_size); remove it");
@@ -460,7 +476,8 @@ TEST(ParseConfigErrors, ModelShapes) {
 TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
             "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, "
+            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, fps, "
+            "features, "
             "eval_samples, "
             "eval_max_new_tokens, "
             "max_seq_len, overlong, "
@@ -620,7 +637,7 @@ TEST(MessagesConfig, ErrorsNameTheKey) {
       ".model)");
   EXPECT_EQ(
       parse_error(base + "  tokenizer: t.json\n"),
-      "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation files to train "
+      "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video files to train "
       "on)");
   const std::string with_tok = base + "  tokenizer: t.json\n";
   EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, weight: 0}]\n")

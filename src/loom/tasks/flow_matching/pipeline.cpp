@@ -36,6 +36,12 @@ std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::Wan
   return {c.z_dim, latent_frames, s.height / spatial, s.width / spatial};
 }
 
+at::Tensor encode_latents(const models::WanVAE& vae, const at::Tensor& video) {
+  at::NoGradGuard no_grad;
+  const at::Tensor mu = vae.encode(video.to(vae.conv1->weight.scalar_type()), /*chunked=*/false).mu;
+  return vae.normalize_latents(mu).to(at::kFloat);
+}
+
 at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& vae,
                            const CaptionEncoder& captions, const std::vector<std::string>& texts,
                            const std::vector<uint64_t>& seeds, const GenerationSettings& settings) {
@@ -66,23 +72,6 @@ at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& va
     videos.push_back(vae.decode(raw, /*chunked=*/true).to(at::kFloat).cpu().clamp(-1.0, 1.0));
   }
   return at::cat(videos);
-}
-
-void write_clip(const at::Tensor& video, const std::string& dir, const std::string& name, double fps) {
-  data::Video clip;
-  clip.frames = static_cast<int>(video.size(1));
-  clip.height = static_cast<int>(video.size(2));
-  clip.width = static_cast<int>(video.size(3));
-  clip.fps = fps;
-  clip.rgb = video_bytes(video);
-  const fs::path frames = fs::path(dir) / name;
-  std::error_code error;
-  fs::create_directories(frames, error);
-  if (error) throw DataError(fmt::format("cannot create {}: {}", frames.string(), error.message()));
-  for (int t = 0; t < clip.frames; ++t)
-    data::encode_png_file(clip.frame_image(t), (frames / fmt::format("frame-{:04d}.png", t)).string());
-  data::write_gif(clip, (fs::path(dir) / (name + ".gif")).string());
-  data::write_mp4(clip, (fs::path(dir) / (name + ".mp4")).string());
 }
 
 }  // namespace loom::tasks::flow_matching

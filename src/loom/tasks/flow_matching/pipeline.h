@@ -13,6 +13,7 @@
 #include "loom/models/wan/vae.h"
 #include "loom/tasks/flow_matching/sampler.h"
 #include "loom/tasks/flow_matching/text_encoder.h"
+#include "loom/tasks/video/clips.h"
 
 namespace loom::tasks::flow_matching {
 
@@ -29,13 +30,14 @@ at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& va
                            const CaptionEncoder& captions, const std::vector<std::string>& texts,
                            const std::vector<uint64_t>& seeds, const GenerationSettings& settings);
 
+// The normalised posterior means x0 [B, z, T', h, w] float32 of clips [B, 3, T, H, W] in [-1, 1], without
+// gradients: what flow matching learns to make, and what extract-features stores.
+at::Tensor encode_latents(const models::WanVAE& vae, const at::Tensor& video);
+
 // The latent shape [z, T', h, w] of a clip of these settings; ConfigError naming the setting when the
 // VAE and the DiT's patch do not divide it.
 std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::WanVAE& vae,
                                   const GenerationSettings& settings);
 
-// Writes video [3, T, H, W] in [-1, 1] as <dir>/<name>.gif, <dir>/<name>.mp4 and
-// <dir>/<name>/frame-NNNN.png at `fps`.
-void write_clip(const at::Tensor& video, const std::string& dir, const std::string& name, double fps);
 
 }  // namespace loom::tasks::flow_matching

@@ -17,13 +17,13 @@ namespace loom::tasks::flow_matching {
 
 namespace {
 
-constexpr uint64_t kDropoutStream = 31, kSigmaStream = 32;
+constexpr uint64_t kDropoutStream = 31, kSigmaStream = 32, kFeatureOrderStream = 33;
 constexpr int64_t kEvalLevels = 5;
 constexpr double kFps = 8;  // sampled clips play at this rate
 
 }  // namespace
 
-FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanModel& dit,
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
                               std::shared_ptr<const data::Tokenizer> builtin_tokenizer) {
   FlowHelpers helpers;
   const std::string vae_dir = checkpoint::resolve_model_directory(job.model.vae);
@@ -37,37 +37,45 @@ FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanMod
         fmt::format("model.vae: {} has no latents_mean / latents_std in its config.json (a vae job's "
                     "checkpoints carry them)",
                     vae_dir));
-  if (vae.z_dim != dit.config.in_dim || vae.z_dim != dit.config.out_dim)
+  if (vae.z_dim != dit.in_dim || vae.z_dim != dit.out_dim)
     throw ConfigError(fmt::format("model.vae: {} makes latents of {} channels; the DiT takes {} and gives {}",
-                                  vae_dir, vae.z_dim, dit.config.in_dim, dit.config.out_dim));
+                                  vae_dir, vae.z_dim, dit.in_dim, dit.out_dim));
   helpers.captions =
       std::make_shared<CaptionEncoder>(job.model, models::derive_seed(job.training.seed, "text"),
-                                       std::move(builtin_tokenizer), dit.config.text_len);
-  if (helpers.captions->width() != dit.config.text_dim)
+                                       std::move(builtin_tokenizer), dit.text_len);
+  if (helpers.captions->width() != dit.text_dim)
     throw ConfigError(fmt::format("model.text_encoder: its features are {} wide; the DiT's text_dim is {}",
-                                  helpers.captions->width(), dit.config.text_dim));
+                                  helpers.captions->width(), dit.text_dim));
   return helpers;
 }
 
 FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::WanModel> model,
                                    const core::Layout& layout)
     : job_(job), model_(std::move(model)), layout_(layout), seed_(static_cast<uint64_t>(job.training.seed)) {
-  clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
-  auto tokenizer = std::shared_ptr<const data::Tokenizer>(clips_, &clips_->tokenizer());
-  helpers_ = load_flow_helpers(job, *model_, tokenizer);
+  std::shared_ptr<const data::Tokenizer> builtin;
+  if (!job.data.features.empty()) {
+    features_ = std::make_shared<FeatureSet>(job.data.features);
+    features_->check_source(job.data);
+    if (job.data.dataset == "moving_fashion") builtin = std::make_shared<data::WordTokenizer>(moving_fashion_tokenizer());
+  } else {
+    clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
+    builtin = clips_->builtin_tokenizer();
+  }
+  helpers_ = load_flow_helpers(job, model_->config, builtin);
+  if (features_)
+    features_->check_helpers(helpers_.vae->config, "model.vae", *helpers_.captions, "model.text_encoder");
   const auto& t = job.training;
-  generation_.frames = clips_->frames();
-  generation_.height = clips_->height();
-  generation_.width = clips_->width();
+  generation_.frames = features_ ? features_->frames() : clips_->frames();
+  generation_.height = generation_.width = features_ ? features_->video_size() : clips_->height();
   generation_.guidance = t.sample_guidance;
   generation_.sampling.steps = t.sample_steps;
   generation_.sampling.shift = t.sample_shift;
   generation_.sampling.solver = parse_solver(t.sample_solver, "training.sample_solver");
   try {
-    latent_ = latent_shape(*model_, *helpers_.vae, generation_);
+    latent_shape(*model_, *helpers_.vae, generation_);
   } catch (const ConfigError& e) {
     throw ConfigError(
-        fmt::format("data (frames {}, video_size {}): {}", clips_->frames(), clips_->height(), e.what()));
+        fmt::format("data (frames {}, video_size {}): {}", generation_.frames, generation_.height, e.what()));
   }
   TimestepSampling sampling;
   sampling.kind = parse_timestep_sampling(t.timestep_sampling);
@@ -77,7 +85,14 @@ FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr
   check_timestep_sampling(sampling);
 }
 
-FlowMicroBatch FlowMatchingTask::micro_batch(int64_t begin, int64_t end) const {
+std::vector<int64_t> FlowMatchingTask::latent_for(int64_t frames) const {
+  GenerationSettings settings = generation_;
+  settings.frames = frames;
+  return latent_shape(*model_, *helpers_.vae, settings);
+}
+
+std::optional<FlowMicroBatch> FlowMatchingTask::micro_batch(const std::vector<int64_t>& indices,
+                                                            int64_t* skipped) const {
   const auto& t = job_.training;
   TimestepSampling sampling;
   sampling.kind = parse_timestep_sampling(t.timestep_sampling);
@@ -87,37 +102,73 @@ FlowMicroBatch FlowMatchingTask::micro_batch(int64_t begin, int64_t end) const {
   FlowMicroBatch out;
   std::vector<at::Tensor> videos, noises;
   std::vector<double> sigmas;
-  for (int64_t i = begin; i < end; ++i) {
-    const data::VideoClip clip = clips_->train(i);
-    videos.push_back(video_tensor(clip));
+  std::vector<at::Tensor> latents;
+  for (int64_t i : indices) {
     // Each draw from (seed, its purpose, the sample's place in the run): any layout draws alike.
     CounterRng dropout(seed_, kDropoutStream, static_cast<uint64_t>(i));
-    const double u = static_cast<double>(dropout.next() >> 11) * 0x1.0p-53;
-    out.captions.push_back(u < t.caption_dropout ? std::string() : clip.caption);
+    const bool dropped = static_cast<double>(dropout.next() >> 11) * 0x1.0p-53 < t.caption_dropout;
+    int64_t frames = 0;
+    if (features_) {
+      FeatureSet::Sample sample = features_->train(feature_row(i));
+      latents.push_back(sample.latents.to(at::kFloat));
+      out.text.push_back(dropped ? helpers_.captions->encode({""})[0] : sample.text.to(at::kFloat));
+      frames = train_frames(i);
+    } else {
+      const std::optional<data::VideoClip> clip = clips_->train(i);
+      if (!clip) {
+        ++*skipped;
+        continue;
+      }
+      videos.push_back(video_tensor(*clip));
+      out.captions.push_back(dropped ? std::string() : clip->caption);
+      frames = clip->frames;
+    }
     CounterRng level(seed_, kSigmaStream, static_cast<uint64_t>(i));
     sigmas.push_back(sample_sigma(sampling, level));
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("flow/noise/{}", i)));
-    noises.push_back(at::randn(latent_, generator, at::kFloat));
+    noises.push_back(at::randn(latent_for(frames), generator, at::kFloat));
   }
-  out.video = at::stack(videos);
+  if (videos.empty() && latents.empty()) return std::nullopt;
+  if (features_)
+    out.x0 = at::stack(latents);
+  else
+    out.video = at::stack(videos);
   out.sigma = at::tensor(sigmas, at::kDouble);
   out.noise = at::stack(noises);
   return out;
+}
+
+int64_t FlowMatchingTask::feature_row(int64_t index) const {
+  const int64_t n = features_->train_size();
+  const uint64_t pass = static_cast<uint64_t>(index / n);
+  const uint64_t at = static_cast<uint64_t>(index % n);
+  if (pass == 0) return static_cast<int64_t>(at);
+  return static_cast<int64_t>(
+      permute_index(at, static_cast<uint64_t>(n), counter_start(seed_, kFeatureOrderStream, pass)));
+}
+
+int64_t FlowMatchingTask::train_frames(int64_t index) const {
+  if (!features_) return clips_->train_frames(index);
+  return helpers_.vae->config.video_frames(features_->train_latent_frames(feature_row(index)));
+}
+
+int64_t FlowMatchingTask::eval_frames(int64_t index) const {
+  if (!features_) return clips_->eval_frames(index);
+  return helpers_.vae->config.video_frames(features_->eval_latent_frames(index));
 }
 
 core::StepData FlowMatchingTask::step_data(int64_t step) const {
   const auto& t = job_.training;
   const int64_t share = t.global_batch_size / layout_.data_parallel;
   const int64_t begin = step * t.global_batch_size + layout_.data_rank() * share;
-  int64_t elements = 1;
-  for (int64_t d : latent_) elements *= d;
   core::StepData out;
-  for (int64_t m = begin; m < begin + share; m += t.micro_batch_size) {
-    auto batch =
-        std::make_shared<FlowMicroBatch>(micro_batch(m, std::min(m + t.micro_batch_size, begin + share)));
-    out.loss_count += static_cast<double>(batch->video.size(0) * elements);
-    out.micro_batches.push_back(std::move(batch));
+  for (const auto& indices : same_shape_batches(begin, begin + share, t.micro_batch_size,
+                                                [this](int64_t i) { return train_frames(i); })) {
+    std::optional<FlowMicroBatch> batch = micro_batch(indices, &out.skipped);
+    if (!batch) continue;
+    out.loss_count += static_cast<double>(batch->noise.numel());
+    out.micro_batches.push_back(std::make_shared<FlowMicroBatch>(std::move(*batch)));
   }
   return out;
 }
@@ -125,9 +176,7 @@ core::StepData FlowMatchingTask::step_data(int64_t step) const {
 std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& video,
                                                            const std::vector<std::string>& captions) const {
   at::NoGradGuard no_grad;
-  const auto& vae = *helpers_.vae;
-  const at::Tensor mu = vae.encode(video.to(vae.conv1->weight.scalar_type()), /*chunked=*/false).mu;
-  const at::Tensor x0 = vae.normalize_latents(mu).to(at::kFloat);  // [B, z, T', h, w]
+  const at::Tensor x0 = encode_latents(*helpers_.vae, video);  // [B, z, T', h, w]
   const at::Tensor text = models::pad_text(helpers_.captions->encode(captions), model_->config.text_len);
   return {x0, text};
 }
@@ -153,10 +202,12 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
 core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
                                               core::Carry input) {
   const auto& batch = static_cast<const FlowMicroBatch&>(micro);
-  const auto [x0, text] = encode(batch.video, batch.captions);
+  const auto [x0, text] = batch.x0.defined()
+                              ? std::pair{batch.x0, models::pad_text(batch.text, model_->config.text_len)}
+                              : encode(batch.video, batch.captions);
   core::ForwardResult out;
   out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output);
-  const int64_t batch_size = batch.video.size(0);
+  const int64_t batch_size = x0.size(0);
   const models::WanGrid grid = models::latent_grid(x0, model_->config.patch_size);
   out.samples = batch_size;
   out.tokens = batch_size * grid.tokens();
@@ -166,38 +217,53 @@ core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, con
 
 core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
   at::NoGradGuard no_grad;
-  const int64_t samples = job_.data.eval_samples, per_batch = job_.training.micro_batch_size;
+  const int64_t samples =
+      features_ ? std::min(job_.data.eval_samples, features_->eval_size()) : clips_->eval_samples();
   const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
   core::Stage whole;
   whole.layers = model_->layers();
   at::Tensor sums = at::zeros({2}, at::kDouble);  // squared error, latent elements
-  for (int64_t begin = 0, index = 0; begin < samples; begin += per_batch, ++index) {
-    if (index % ranks != rank) continue;
-    std::vector<at::Tensor> videos, noises;
+  const auto batches = same_shape_batches(0, samples, job_.training.micro_batch_size,
+                                          [this](int64_t i) { return eval_frames(i); });
+  for (size_t index = 0; index < batches.size(); ++index) {
+    if (static_cast<int64_t>(index) % ranks != rank) continue;
+    std::vector<at::Tensor> videos, latents, features, noises;
     std::vector<std::string> captions;
     std::vector<double> sigmas;
-    for (int64_t i = begin; i < std::min(begin + per_batch, samples); ++i) {
-      const data::VideoClip clip = clips_->eval(i);
-      videos.push_back(video_tensor(clip));
-      captions.push_back(clip.caption);
+    for (int64_t i : batches[index]) {
+      if (features_) {
+        FeatureSet::Sample sample = features_->eval(i);
+        latents.push_back(sample.latents.to(at::kFloat));
+        features.push_back(sample.text.to(at::kFloat));
+      } else {
+        const data::VideoClip clip = clips_->eval(i);
+        videos.push_back(video_tensor(clip));
+        captions.push_back(clip.caption);
+      }
       sigmas.push_back((static_cast<double>(i % kEvalLevels) + 0.5) / kEvalLevels);
       auto generator = at::make_generator<at::CPUGeneratorImpl>(
           models::derive_seed(seed_, fmt::format("flow/eval/{}", i)));
-      noises.push_back(at::randn(latent_, generator, at::kFloat));
+      noises.push_back(at::randn(latent_for(eval_frames(i)), generator, at::kFloat));
     }
-    const auto [x0, text] = encode(at::stack(videos), captions);
+    const auto [x0, text] = features_ ? std::pair{at::stack(latents), models::pad_text(features, model_->config.text_len)}
+                                      : encode(at::stack(videos), captions);
     const at::Tensor error =
         velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises), whole, {}, nullptr);
     sums[0] += error.item<double>();
     sums[1] += static_cast<double>(x0.numel());
   }
   if (layout_.data) layout_.data->all_reduce_sum({sums});
-  const double loss = sums[0].item<double>() / sums[1].item<double>();
   core::Evaluation e;
   e.samples = samples;
-  e.metrics = {{"eval_loss", loss}};
-  e.summary = fmt::format("eval: held-out flow-matching loss {:.6f} on {} clips", loss, samples);
-  const int64_t videos = std::min<int64_t>(job_.training.eval_videos, clips_->eval_size());
+  if (samples > 0) {
+    const double loss = sums[0].item<double>() / sums[1].item<double>();
+    e.metrics = {{"eval_loss", loss}};
+    e.summary = fmt::format("eval: held-out flow-matching loss {:.6f} on {} clips", loss, samples);
+  } else {
+    e.summary = "eval: no held-out clips (data.eval_datasets)";
+  }
+  const int64_t videos = std::min<int64_t>(job_.training.eval_videos,
+                                          features_ ? features_->eval_size() : clips_->eval_size());
   if (videos > 0) {
     // Clip i on data-parallel rank i mod ranks: every rank samples its share, none waits for rank 0.
     const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
@@ -205,7 +271,7 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
                                 .string();
     nlohmann::json index = nlohmann::json::array();
     for (int64_t i = 0; i < videos; ++i) {
-      const std::string name = fmt::format("sample-{:03d}", i), caption = clips_->eval(i).caption;
+      const std::string name = fmt::format("sample-{:03d}", i), caption = features_ ? features_->eval_caption(i) : clips_->eval_caption(i);
       const uint64_t seed = models::derive_seed(seed_, fmt::format("flow/sample/{}", i));
       index.push_back({{"name", name}, {"caption", caption}, {"seed", seed}});
       if (i % ranks != rank) continue;

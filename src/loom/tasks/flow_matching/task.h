@@ -6,6 +6,7 @@
 // noise levels, and clips sampled for held-out captions written under the run directory.
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "loom/core/task.h"
 #include "loom/models/wan/dit.h"
 #include "loom/models/wan/vae.h"
+#include "loom/tasks/flow_matching/features.h"
 #include "loom/tasks/flow_matching/pipeline.h"
 #include "loom/tasks/flow_matching/text_encoder.h"
 #include "loom/tasks/video/clips.h"
@@ -21,8 +23,11 @@
 namespace loom::tasks::flow_matching {
 
 struct FlowMicroBatch : core::MicroBatch {
-  at::Tensor video;                   // [B, 3, T, H, W] in [-1, 1]
+  // Clips to encode, or pre-extracted features (data.dataset: features).
+  at::Tensor video;                   // [B, 3, T, H, W] in [-1, 1], or undefined
   std::vector<std::string> captions;  // "" where the caption was dropped
+  at::Tensor x0;                      // [B, z, T', h, w] normalised latents, or undefined
+  std::vector<at::Tensor> text;       // each caption's features (the empty caption's where dropped)
   at::Tensor sigma;                   // [B] float64, the noise levels
   at::Tensor noise;                   // [B, z, T', h, w]
 };
@@ -34,7 +39,7 @@ struct FlowHelpers {
   std::shared_ptr<models::WanVAE> vae;
   std::shared_ptr<CaptionEncoder> captions;
 };
-FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanModel& dit,
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
                               std::shared_ptr<const data::Tokenizer> builtin_tokenizer);
 
 class FlowMatchingTask : public core::Task {
@@ -46,8 +51,8 @@ class FlowMatchingTask : public core::Task {
   std::string loss_count_name() const override { return "latent elements"; }
   core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
                               core::Carry input) override;
-  // eval_loss over the first data.eval_samples held-out clips (clip i at noise level (i mod 5 + 0.5) /
-  // 5, its noise from the seed), dealt over the data-parallel ranks; then the first
+  // eval_loss over the evaluation's held-out clips (VideoClips::eval_samples; clip i at noise level
+  // (i mod 5 + 0.5) / 5, its noise from the seed), dealt over the data-parallel ranks; then the first
   // training.eval_videos held-out captions, sampled (also dealt over the ranks) into
   // <output_dir>/samples/step-NNNNNNNN (samples/eval outside training), with captions.json naming each
   // clip's caption and seed.
@@ -57,7 +62,10 @@ class FlowMatchingTask : public core::Task {
   const GenerationSettings& generation() const { return generation_; }
 
  private:
-  FlowMicroBatch micro_batch(int64_t begin, int64_t end) const;
+  // The usable clips among `indices` (training samples of one frame count) with their draws, or
+  // nullopt when none is; unusable ones are added to *skipped.
+  std::optional<FlowMicroBatch> micro_batch(const std::vector<int64_t>& indices, int64_t* skipped) const;
+  std::vector<int64_t> latent_for(int64_t frames) const;  // [z, T', h, w] of a clip of `frames`
   // The latents x0 of the clips and their padded caption features, without gradients.
   std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& video,
                                            const std::vector<std::string>& captions) const;
@@ -69,10 +77,16 @@ class FlowMatchingTask : public core::Task {
   config::JobConfig job_;
   std::shared_ptr<models::WanModel> model_;
   core::Layout layout_;
-  std::shared_ptr<VideoClips> clips_;
+  // What a training sample of the run is: a pre-extracted row, in the order of the features' shards
+  // for the first pass and a fresh seeded order for each later one.
+  int64_t feature_row(int64_t index) const;
+  int64_t train_frames(int64_t index) const;  // in video frames, either source
+  int64_t eval_frames(int64_t index) const;
+
+  std::shared_ptr<VideoClips> clips_;        // the clips, or
+  std::shared_ptr<FeatureSet> features_;     // their pre-extracted features
   FlowHelpers helpers_;
   GenerationSettings generation_;
-  std::vector<int64_t> latent_;  // [z, T', h, w]
   uint64_t seed_;
 };
 

@@ -70,7 +70,14 @@ std::vector<at::Tensor> CaptionEncoder::encode(const std::vector<std::string>& c
       features = model_->forward(input, at::ones_like(input))[0].to(at::kFloat).contiguous();  // [L, d_model]
     }
     std::lock_guard<std::mutex> lock(mutex_);
-    out.push_back(cache_.emplace(caption, features).first->second);
+    const auto [it, added] = cache_.emplace(caption, features);
+    out.push_back(it->second);
+    if (!added) continue;
+    cached_order_.push_back(caption);
+    if (cached_order_.size() > kCachedCaptions) {
+      cache_.erase(cached_order_.front());
+      cached_order_.pop_front();
+    }
   }
   return out;
 }

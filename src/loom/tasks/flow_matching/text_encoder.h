@@ -1,8 +1,9 @@
 // The frozen text encoder of a flow-matching job: captions to umT5 features, each trimmed to its own
-// tokens as Wan does (the DiT pads them back with zero rows), cached per caption.
+// tokens as Wan does (the DiT pads them back with zero rows), the most recent kCachedCaptions cached.
 #pragma once
 #include <ATen/ATen.h>
 
+#include <deque>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -31,12 +32,16 @@ class CaptionEncoder {
   std::vector<int64_t> token_ids(const std::string& caption) const;
   int64_t width() const { return model_->config.d_model; }
 
+  // Captions whose features are kept: the built-in set's all; the user's recent ones, first in first out.
+  static constexpr size_t kCachedCaptions = 4096;
+
  private:
   std::shared_ptr<models::UMT5EncoderModel> model_;
   std::shared_ptr<const data::Tokenizer> tokenizer_;
   int64_t text_len_;
   mutable std::mutex mutex_;
   mutable std::map<std::string, at::Tensor> cache_;
+  mutable std::deque<std::string> cached_order_;  // oldest first
 };
 
 }  // namespace loom::tasks::flow_matching

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <cmath>
+#include <filesystem>
 #include <vector>
 
 #include "loom/checkpoint/checkpoint_dir.h"
@@ -12,6 +13,12 @@
 
 namespace loom::tasks {
 
+namespace {
+
+constexpr double kFps = 8;  // reconstructed clips play at this rate
+
+}  // namespace
+
 VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model,
                  const core::Layout& layout)
     : job_(job),
@@ -19,6 +26,8 @@ VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> m
       layout_(layout),
       clips_(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data")),
       seed_(static_cast<uint64_t>(job.training.seed)) {
+  if (!job.data.features.empty())
+    throw ConfigError("data.features: is read by task flow_matching only (a VAE trains on the clips themselves)");
   const int64_t frames = clips_.frames();
   if (models::WanVaeConfig::encoded_frames(frames) != frames)
     throw ConfigError(
@@ -28,19 +37,26 @@ VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> m
                                   models::WanVaeConfig::kSpatialFactor, clips_.height()));
 }
 
-VaeMicroBatch VaeTask::micro_batch(int64_t begin, int64_t end, bool with_noise) const {
+std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& indices, bool with_noise,
+                                                  int64_t* skipped) const {
   const auto& c = model_->config;
-  const std::vector<int64_t> latent = {c.z_dim, c.latent_frames(clips_.frames()),
-                                       clips_.height() / models::WanVaeConfig::kSpatialFactor,
-                                       clips_.width() / models::WanVaeConfig::kSpatialFactor};
   std::vector<at::Tensor> videos, noises;
-  for (int64_t i = begin; i < end; ++i) {
-    videos.push_back(video_tensor(clips_.train(i)));
+  for (int64_t i : indices) {
+    const std::optional<data::VideoClip> clip = clips_.train(i);
+    if (!clip) {
+      ++*skipped;
+      continue;
+    }
+    videos.push_back(video_tensor(*clip));
     if (!with_noise) continue;
+    const std::vector<int64_t> latent = {c.z_dim, c.latent_frames(clip->frames),
+                                         clip->height / models::WanVaeConfig::kSpatialFactor,
+                                         clip->width / models::WanVaeConfig::kSpatialFactor};
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("vae/noise/{}", i)));
     noises.push_back(at::randn(latent, generator, at::kFloat));
   }
+  if (videos.empty()) return std::nullopt;
   VaeMicroBatch out;
   out.video = at::stack(videos);
   if (with_noise) out.noise = at::stack(noises);
@@ -52,11 +68,12 @@ core::StepData VaeTask::step_data(int64_t step) const {
   const int64_t share = t.global_batch_size / layout_.data_parallel;
   const int64_t begin = step * t.global_batch_size + layout_.data_rank() * share;
   core::StepData out;
-  for (int64_t m = begin; m < begin + share; m += t.micro_batch_size) {
-    auto batch = std::make_shared<VaeMicroBatch>(
-        micro_batch(m, std::min(m + t.micro_batch_size, begin + share), true));
+  for (const auto& indices : same_shape_batches(begin, begin + share, t.micro_batch_size,
+                                                [this](int64_t i) { return clips_.train_frames(i); })) {
+    std::optional<VaeMicroBatch> batch = micro_batch(indices, true, &out.skipped);
+    if (!batch) continue;
     out.loss_count += static_cast<double>(batch->video.numel());
-    out.micro_batches.push_back(std::move(batch));
+    out.micro_batches.push_back(std::make_shared<VaeMicroBatch>(std::move(*batch)));
   }
   return out;
 }
@@ -92,18 +109,25 @@ core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::
   return out;
 }
 
-core::Evaluation VaeTask::evaluate(int64_t) {
+core::Evaluation VaeTask::evaluate(int64_t step) {
   at::NoGradGuard no_grad;
-  const int64_t samples = job_.data.eval_samples, per_batch = job_.training.micro_batch_size;
+  const int64_t samples = clips_.eval_samples();
+  core::Evaluation e;
+  if (samples == 0) {
+    e.summary = "eval: no held-out clips (data.eval_datasets)";
+    e.report = e.summary + "\n";
+    return e;
+  }
   const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
   // Sums of the squared error, the KL and the pixels, over this rank's batches.
   at::Tensor sums = at::zeros({3}, at::kDouble);
   const auto& layers = model_->layers();
-  for (int64_t begin = 0, index = 0; begin < samples; begin += per_batch, ++index) {
-    if (index % ranks != rank) continue;
+  const auto batches = same_shape_batches(0, samples, job_.training.micro_batch_size,
+                                          [this](int64_t i) { return clips_.eval_frames(i); });
+  for (size_t index = 0; index < batches.size(); ++index) {
+    if (static_cast<int64_t>(index) % ranks != rank) continue;
     std::vector<at::Tensor> videos;
-    for (int64_t i = begin; i < std::min(begin + per_batch, samples); ++i)
-      videos.push_back(video_tensor(clips_.eval(i)));
+    for (int64_t i : batches[index]) videos.push_back(video_tensor(clips_.eval(i)));
     models::WanVaeContext context;
     const at::Tensor& weight = model_->conv1->weight;
     context.video = at::stack(videos).to(weight.device(), weight.scalar_type());
@@ -118,25 +142,57 @@ core::Evaluation VaeTask::evaluate(int64_t) {
   const double loss = mse + job_.training.kl_weight * sums[1].item<double>() / pixels;
   // PSNR on [0, 1] pixels: the error on [-1, 1] is twice as large, its square four times.
   const double psnr = 10.0 * std::log10(4.0 / std::max(mse, 1e-12));
-  core::Evaluation e;
   e.samples = samples;
   e.metrics = {{"eval_loss", loss}, {"eval_mse", mse}, {"eval_psnr", psnr}};
   e.summary = fmt::format("eval: held-out loss {:.6f}, reconstruction PSNR {:.2f} dB on {} clips", loss, psnr,
                           samples);
+  const int64_t videos = std::min<int64_t>(job_.training.eval_videos, clips_.eval_size());
+  if (videos > 0) {
+    // Clip i reconstructed (through the posterior mean) on data-parallel rank i mod ranks.
+    const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
+                             (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
+                                .string();
+    nlohmann::json index = nlohmann::json::array();
+    for (int64_t i = 0; i < videos; ++i) {
+      const std::string name = fmt::format("sample-{:03d}", i);
+      index.push_back({{"name", name}, {"caption", clips_.eval_caption(i)}});
+      if (i % ranks != rank) continue;
+      models::WanVaeContext context;
+      const at::Tensor& weight = model_->conv1->weight;
+      context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(weight.device(), weight.scalar_type());
+      write_clip(core::run_layers(layers, {}, {}, context).get("hidden")[0], dir, name, kFps);
+    }
+    if (layout_.is_main()) checkpoint::write_text_file_durable(dir + "/captions.json", index.dump(2) + "\n");
+    e.summary += fmt::format("; {} held-out clips reconstructed into {}", videos, dir);
+  }
   e.report = e.summary + "\n";
   return e;
 }
 
 void VaeTask::save_artifacts(const std::string& dir) const {
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> means;  // [B, z, T', h, w] per batch
-  for (int64_t begin = 0; begin < kStatisticsClips; begin += job_.training.micro_batch_size) {
-    const VaeMicroBatch batch =
-        micro_batch(begin, std::min(begin + job_.training.micro_batch_size, kStatisticsClips), false);
-    means.push_back(model_->encode(batch.video, /*chunked=*/false).mu.to(at::kDouble));
+  // The first kStatisticsClips usable training samples, a frame count at a time, each sample's
+  // latents flattened per channel.
+  std::vector<at::Tensor> means;  // [z, n] per batch
+  int64_t taken = 0, skipped = 0, next = 0;
+  while (taken < kStatisticsClips) {
+    if (next >= 64 * kStatisticsClips)
+      throw DataError(fmt::format(
+          "fewer than {} of the first {} training samples are usable: no latent statistics for {}",
+          kStatisticsClips, next, dir));
+    const int64_t end = next + (kStatisticsClips - taken);
+    for (const auto& indices : same_shape_batches(next, end, job_.training.micro_batch_size,
+                                                  [this](int64_t i) { return clips_.train_frames(i); })) {
+      const std::optional<VaeMicroBatch> batch = micro_batch(indices, false, &skipped);
+      if (!batch) continue;
+      taken += batch->video.size(0);
+      const at::Tensor mu = model_->encode(batch->video, /*chunked=*/false).mu.to(at::kDouble);
+      means.push_back(mu.transpose(0, 1).reshape({model_->config.z_dim, -1}));
+    }
+    next = end;
   }
   // Per channel, over the clips, frames and positions.
-  const at::Tensor all = at::cat(means).transpose(0, 1).reshape({model_->config.z_dim, -1});
+  const at::Tensor all = at::cat(means, 1);
   const at::Tensor mean = all.mean(1), deviation = all.std(1).clamp_min(1e-6);
   models::WanVaeConfig config = model_->config;
   config.latents_mean.assign(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel());

@@ -5,7 +5,9 @@
 // flow-matching job normalises them by).
 #pragma once
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
@@ -29,17 +31,22 @@ class VaeTask : public core::Task {
   std::string loss_count_name() const override { return "pixels"; }
   core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
                               core::Carry input) override;
-  // The first data.eval_samples held-out clips through the posterior mean (no sampling), dealt over
-  // the data-parallel ranks: eval_loss, eval_mse (per pixel, on [-1, 1]), eval_psnr (dB, on [0, 1]).
+  // The evaluation's held-out clips (VideoClips::eval_samples) through the posterior mean (no sampling), dealt over
+  // the data-parallel ranks: eval_loss, eval_mse (per pixel, on [-1, 1]), eval_psnr (dB, on [0, 1]); then
+  // the first training.eval_videos held-out clips reconstructed into <output_dir>/samples/step-NNNNNNNN
+  // (samples/eval outside training) as the flow-matching task writes its samples, with captions.json.
   core::Evaluation evaluate(int64_t step) override;
   // config.json again, with latents_mean / latents_std: each latent channel's mean and standard
-  // deviation of the posterior mean over the run's first kStatisticsClips training clips.
+  // deviation of the posterior mean over the run's first kStatisticsClips usable training samples.
   void save_artifacts(const std::string& dir) const override;
 
   static constexpr int64_t kStatisticsClips = 64;
 
  private:
-  VaeMicroBatch micro_batch(int64_t begin, int64_t end, bool with_noise) const;
+  // The usable clips among `indices` (training samples of one frame count), or nullopt when none is;
+  // unusable ones are added to *skipped.
+  std::optional<VaeMicroBatch> micro_batch(const std::vector<int64_t>& indices, bool with_noise,
+                                           int64_t* skipped) const;
 
   config::JobConfig job_;
   std::shared_ptr<models::WanVAE> model_;
