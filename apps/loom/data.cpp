@@ -163,15 +163,18 @@ std::vector<Command> add_data(CLI::App& loom) {
     int64_t samples = 0;
   };
   auto extract_arguments = std::make_shared<ExtractArguments>();
-  auto* extract_command = data_command->add_subcommand(
-      "extract-features",
-      "Encode a flow_matching job's training clips (and held-out ones) once with its frozen VAE and text encoder, "
-      "into data.features (or --out DIR), for the job to train on: loom data extract-features job.yaml [--samples N]");
+  auto* extract_command =
+      data_command->add_subcommand("extract-features",
+                                   "Encode a flow_matching job's training clips (and held-out ones) once "
+                                   "with its frozen VAE and text encoder, "
+                                   "into data.features (or --out DIR), for the job to train on: loom data "
+                                   "extract-features job.yaml [--samples N]");
   extract_command->add_option("config", extract_arguments->config_path, kConfigHelp)->required();
   extract_command->add_option("--set", extract_arguments->overrides, kOverrideHelp);
-  extract_command->add_option("--samples", extract_arguments->samples,
-                              "Training samples to encode, from the start of the job's stream (default: as many as "
-                              "its steps take, at most one epoch)");
+  extract_command->add_option(
+      "--samples", extract_arguments->samples,
+      "Training samples to encode, from the start of the job's stream (default: as many as "
+      "its steps take, at most one epoch)");
   extract_command->add_option("--out", extract_arguments->out_dir,
                               "A new directory (default: the job's data.features)");
 
@@ -180,7 +183,8 @@ std::vector<Command> add_data(CLI::App& loom) {
              const auto& a = *tokenize_arguments;
              return run_tokenize(a.tokenizer_path, a.chat, a.add_generation_prompt);
            }},
-          {export_command, [export_arguments] {
+          {export_command,
+           [export_arguments] {
              const auto& a = *export_arguments;
              auto job = config::load_config(a.config_path, a.overrides);
              configure_logging(job.tools.log_level);

@@ -37,7 +37,8 @@ int run_generate_video(const VideoGeneration& g) {
   models::load_wan_parameters(*dit, checkpoint);
   dit->eval();
   std::shared_ptr<const data::Tokenizer> builtin;
-  if (job.data.dataset == "moving_fashion") builtin = std::make_shared<data::WordTokenizer>(tasks::moving_fashion_tokenizer());
+  if (job.data.dataset == "moving_fashion")
+    builtin = std::make_shared<data::WordTokenizer>(tasks::moving_fashion_tokenizer());
   const tasks::flow_matching::FlowHelpers helpers =
       tasks::flow_matching::load_flow_helpers(job, dit->config, builtin);
 

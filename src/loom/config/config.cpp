@@ -125,8 +125,9 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
     case ReadBy::messages:
       r.fail(name, fmt::format("is only used by dataset messages, not {}; remove it", d.dataset));
     case ReadBy::files:
-      r.fail(name, fmt::format("is only used by datasets messages and videos (the user's files), not {}; remove it",
-                               d.dataset));
+      r.fail(name,
+             fmt::format("is only used by datasets messages and videos (the user's files), not {}; remove it",
+                         d.dataset));
     case ReadBy::built_in:
       if (d.dataset == "videos")
         r.fail(name, fmt::format("is not used by dataset videos (its files are listed in {}); remove it",
@@ -140,8 +141,9 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
       r.fail(name, fmt::format("is not used by dataset messages (images are sized by {} and {}); remove it",
                                key::name_of(&S::min_pixels), key::name_of(&S::max_pixels)));
     case ReadBy::video:
-      r.fail(name, fmt::format("is only used by the video datasets moving_fashion and videos, not {}; remove it",
-                               d.dataset));
+      r.fail(name,
+             fmt::format("is only used by the video datasets moving_fashion and videos, not {}; remove it",
+                         d.dataset));
     case ReadBy::videos:
       r.fail(name, fmt::format("is only used by dataset videos, not {}; remove it", d.dataset));
 
@@ -157,9 +159,9 @@ void refuse_unread(const SectionReader& r, const ModelSection& m, const char* na
 
 void refuse_unread(const SectionReader& r, const TrainingSection& t, const char* name, ReadBy readers) {
   r.fail(name, fmt::format("is only used by task {}, not {}; remove it",
-                           readers == ReadBy::vae              ? "vae"
+                           readers == ReadBy::vae             ? "vae"
                            : readers == ReadBy::flow_matching ? "flow_matching"
-                                                               : "flow_matching or vae",
+                                                              : "flow_matching or vae",
                            t.task));
 }
 

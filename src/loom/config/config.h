@@ -21,7 +21,16 @@ namespace loom::config {
 // built-in set, the built-in image sets, fashion_mnist, the video sets. Model keys by family: the Wan
 // DiT. Training keys by task: flow_matching, vae.
 enum class ReadBy {
-  messages, files, built_in, built_in_images, fashion_mnist, video, videos, wan, flow_matching, vae
+  messages,
+  files,
+  built_in,
+  built_in_images,
+  fashion_mnist,
+  video,
+  videos,
+  wan,
+  flow_matching,
+  vae
 };
 
 struct ModelSection {
@@ -235,7 +244,8 @@ struct TrainingSection {
   std::string sample_solver = "dpm++";  // euler | dpm++ | unipc
   int64_t sample_steps = 25;
   double sample_guidance = 5.0, sample_shift = 3.0;
-  int64_t eval_videos = 4;  // held-out captions sampled (flow_matching) or clips reconstructed (vae) at each evaluation
+  // Held-out captions sampled (flow_matching) or clips reconstructed (vae) at each evaluation.
+  int64_t eval_videos = 4;
   // task vae: the loss per pixel is the squared reconstruction error plus kl_weight x the KL divergence
   // of the posterior from N(0, I), summed over the latent elements, per pixel.
   double kl_weight = 1e-4;

@@ -1,8 +1,6 @@
 // Reading conversation dataset files, checking each sample, recording skips, and the weighted mix.
 #include "loom/data/conversation.h"
 
-#include "loom/data/json_samples.h"
-
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -11,6 +9,7 @@
 #include <numeric>
 #include <sstream>
 
+#include "loom/data/json_samples.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
@@ -268,8 +267,7 @@ ConversationMix::ConversationMix(const std::vector<DatasetSpec>& specs, uint64_t
 ConversationMix::ConversationMix(std::vector<std::vector<Conversation>> datasets, std::vector<double> weights,
                                  uint64_t seed)
     : datasets_(std::move(datasets)),
-      layout_(sizes_of(datasets_), std::move(weights), numbered(datasets_.size()), seed,
-              "conversation") {}
+      layout_(sizes_of(datasets_), std::move(weights), numbered(datasets_.size()), seed, "conversation") {}
 
 const Conversation& ConversationMix::sample(int64_t index) const {
   const MixPosition at = locate(index);

@@ -105,7 +105,6 @@ class SkipLog {
 // with videos (video samples are not supported in this version).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
-
 // Several conversation datasets as one stream, laid out as MixLayout says. Immutable after
 // construction; sample() and locate() may be called from several threads at once.
 class ConversationMix {

@@ -46,8 +46,8 @@ void for_each_json_sample(const std::string& path, const std::string& kind,
       root_value = json::parse(text);
     } catch (const json::parse_error& e) {
       const auto [line, column] = line_and_column(text, error_offset(e));
-      throw DataError(fmt::format("{} dataset {}: malformed JSON at line {}, column {}: {}",
-                                  kind, path, line, column, e.what()));
+      throw DataError(fmt::format("{} dataset {}: malformed JSON at line {}, column {}: {}", kind, path, line,
+                                  column, e.what()));
     }
     for (size_t i = 0; i < root_value.size(); ++i) take(root_value[i], static_cast<int64_t>(i));
     return;
@@ -65,10 +65,10 @@ void for_each_json_sample(const std::string& path, const std::string& kind,
       try {
         sample = json::parse(line);
       } catch (const json::parse_error& e) {
-        throw DataError(fmt::format(
-            "{} dataset {}: malformed JSON at line {}, column {} (sample {}, read as JSON "
-            "lines since the file does not start with '['): {}",
-            kind, path, line_number, error_offset(e) + 1, index, e.what()));
+        throw DataError(
+            fmt::format("{} dataset {}: malformed JSON at line {}, column {} (sample {}, read as JSON "
+                        "lines since the file does not start with '['): {}",
+                        kind, path, line_number, error_offset(e) + 1, index, e.what()));
       }
       take(sample, index++);
     }

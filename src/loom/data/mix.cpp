@@ -29,7 +29,8 @@ MixLayout::MixLayout(std::vector<int64_t> sizes, std::vector<double> weights,
                                   sizes_.size(), weights.size()));
   for (size_t d = 0; d < sizes_.size(); ++d)
     if (!std::isfinite(weights[d]) || weights[d] <= 0)
-      throw ConfigError(fmt::format("{} dataset {}: weight {} must be a positive number", kind, names[d], weights[d]));
+      throw ConfigError(
+          fmt::format("{} dataset {}: weight {} must be a positive number", kind, names[d], weights[d]));
   if (sizes_.empty()) throw DataError(fmt::format("{} mix: no datasets given; list at least one", kind));
   for (size_t d = 0; d < sizes_.size(); ++d) {
     if (sizes_[d] <= 0) throw DataError(fmt::format("{} dataset {} has no usable samples", kind, names[d]));

@@ -282,7 +282,7 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(
       parse_error(kMinimal + "data: {dataset: mnist}\n"),
       "job.yaml: data.dataset: 'mnist' is not one of shapes_vqa, fashion_mnist, moving_fashion, messages, "
-            "videos");
+      "videos");
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
@@ -410,16 +410,18 @@ TEST(ParseConfigErrors, VideoKeysOnlyWhereRead) {
   EXPECT_EQ(parse_error(kMinimal, {"data.features=f"}),
             "--set data.features=f: is only used by the video datasets moving_fashion and videos, not "
             "shapes_vqa; remove it");
-  EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos"}),
-            "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video files to "
-            "train on)");
+  EXPECT_EQ(
+      parse_error(kMinimal, {"data.dataset=videos"}),
+      "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video files to "
+      "train on)");
   EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos", "data.datasets=[{path: v.jsonl}]", "data.dir=d"}),
             "--set data.dir=d: is not used by dataset videos (its files are listed in data.datasets); "
             "remove it");
   EXPECT_EQ(parse_error(kMinimal, {"data.dataset=videos", "data.datasets=[{path: v.jsonl}]", "data.fps=0"}),
             "--set data.fps=0: must be > 0, got 0");
-  EXPECT_EQ(parse_error(kMinimal, {"training.eval_videos=2"}),
-            "--set training.eval_videos=2: is only used by task flow_matching or vae, not vlm_sft; remove it");
+  EXPECT_EQ(
+      parse_error(kMinimal, {"training.eval_videos=2"}),
+      "--set training.eval_videos=2: is only used by task flow_matching or vae, not vlm_sft; remove it");
   EXPECT_EQ(parse_error(kMinimal, {"data.dataset=moving_fashion", "data.image_size=56"}),
             "--set data.image_size=56: is not used by dataset moving_fashion (its clips are sized "
             "by data.video_size); remove it");
@@ -474,14 +476,15 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
-            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, fps, "
-            "features, "
-            "eval_samples, "
-            "eval_max_new_tokens, "
-            "max_seq_len, overlong, "
-            "packing, num_workers, prefetch), got '5'");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: 5\n"),
+      "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+      "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, fps, "
+      "features, "
+      "eval_samples, "
+      "eval_max_new_tokens, "
+      "max_seq_len, overlong, "
+      "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
@@ -635,10 +638,10 @@ TEST(MessagesConfig, ErrorsNameTheKey) {
       parse_error(base + "  datasets: [{path: a.jsonl}]\n"),
       "job.yaml: missing required key 'data.tokenizer' (a HuggingFace tokenizer.json or a SentencePiece "
       ".model)");
-  EXPECT_EQ(
-      parse_error(base + "  tokenizer: t.json\n"),
-      "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video files to train "
-      "on)");
+  EXPECT_EQ(parse_error(base + "  tokenizer: t.json\n"),
+            "job.yaml: missing required key 'data.datasets' (a list of {path: FILE} conversation or video "
+            "files to train "
+            "on)");
   const std::string with_tok = base + "  tokenizer: t.json\n";
   EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, weight: 0}]\n")
                 .find("data.datasets[0].weight: must be > 0"),

@@ -1,8 +1,6 @@
 // The user's video datasets (dataset: videos): rows of a dataset file checked one by one, clips and
 // images decoded to the configured frames and size, unusable files skipped and counted by kind, an
 // unusable held-out file refused by name before training, and micro-batches of one frame count.
-#include "loom/tasks/video/clips.h"
-
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -14,6 +12,7 @@
 #include "loom/data/image/decode.h"
 #include "loom/data/video/gif_writer.h"
 #include "loom/data/video/mp4_writer.h"
+#include "loom/tasks/video/clips.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -24,11 +23,14 @@ using checkpoint::testing::TempDir;
 // One colour over every pixel of every frame (exact through a GIF).
 data::Video uniform_video(int frames, int side, uint8_t r, uint8_t g, uint8_t b, double fps = 8) {
   data::Video video{frames, side, side, fps, {}};
-  for (size_t p = 0; p < static_cast<size_t>(frames) * side * side; ++p) video.rgb.insert(video.rgb.end(), {r, g, b});
+  for (size_t p = 0; p < static_cast<size_t>(frames) * side * side; ++p)
+    video.rgb.insert(video.rgb.end(), {r, g, b});
   return video;
 }
 
-void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
+void write_text(const std::string& path, const std::string& text) {
+  std::ofstream(path, std::ios::binary) << text;
+}
 
 config::DataSection videos_section(const std::string& file, const std::string& eval_file = "") {
   config::DataSection d;
@@ -98,8 +100,9 @@ TEST(CaptionedMedia, RowsOfWrongTypesAreSkippedAsBadSamplesNamingTheProblem) {
     EXPECT_NE(records[i].reason.find(reasons[i]), std::string::npos) << records[i].reason;
   }
   write_text(file, "{\"video\": \"a.mp4\", \"caption\": \"a cat\"}\n{\"video\": \n");
-  EXPECT_NE(message_of([&] { data::read_captioned_media(spec, skips); }).find(file + ": malformed JSON at line 2"),
-            std::string::npos);
+  EXPECT_NE(
+      message_of([&] { data::read_captioned_media(spec, skips); }).find(file + ": malformed JSON at line 2"),
+      std::string::npos);
 }
 
 TEST(VideoClips, DecodesVideosAndImagesToTheClipSizeAndSkipsUnusableFilesByKind) {
@@ -176,11 +179,13 @@ TEST(VideoClips, AnUnusableHeldOutSampleIsRefusedByNameBeforeTraining) {
   data::write_gif(uniform_video(9, 32, 9, 9, 9), dir.file("good.gif"));
   write_text(dir.file("noise.mp4"), std::string(2048, '\x17'));
   write_text(dir.file("train.jsonl"), "{\"video\": \"good.gif\", \"caption\": \"a\"}\n");
-  write_text(dir.file("eval.jsonl"),
-             "{\"video\": \"good.gif\", \"caption\": \"a\"}\n{\"video\": \"noise.mp4\", \"caption\": \"b\"}\n");
+  write_text(
+      dir.file("eval.jsonl"),
+      "{\"video\": \"good.gif\", \"caption\": \"a\"}\n{\"video\": \"noise.mp4\", \"caption\": \"b\"}\n");
   config::DataSection d = videos_section(dir.file("train.jsonl"), dir.file("eval.jsonl"));
   const std::string message = message_of([&] { VideoClips(d, 1); });
-  EXPECT_NE(message.find("held-out sample 1 of " + dir.file("eval.jsonl") + " cannot be used"), std::string::npos)
+  EXPECT_NE(message.find("held-out sample 1 of " + dir.file("eval.jsonl") + " cannot be used"),
+            std::string::npos)
       << message;
   EXPECT_NE(message.find(dir.file("noise.mp4")), std::string::npos) << message;
   d.eval_samples = 1;  // the evaluation takes the first one only: the second is never decoded

@@ -63,9 +63,10 @@ class ShardWriter {
                                   {"text", at::cat(p.text)},
                                   {"text_offsets", at::tensor(offsets, at::kLong)},
                                   {"source_index", at::tensor(p.source, at::kLong)}});
-    shards_.push_back({{"file", file},
-                       {"samples", p.latents.size()},
-                       {"latent_shape", std::vector<int64_t>(latents.sizes().begin() + 1, latents.sizes().end())}});
+    shards_.push_back(
+        {{"file", file},
+         {"samples", p.latents.size()},
+         {"latent_shape", std::vector<int64_t>(latents.sizes().begin() + 1, latents.sizes().end())}});
     p = Pending{};
   }
 
@@ -88,15 +89,17 @@ std::vector<std::vector<double>> tensor_rows(const at::Tensor& t) {
 
 std::string extract_features(const config::JobConfig& job, const std::string& out, int64_t samples) {
   if (job.training.task != "flow_matching" || job.model.family != "wan")
-    throw ConfigError(fmt::format("extract-features takes a flow_matching job's config (training.task flow_matching, "
-                                  "model.family wan), not a {} job's {}",
-                                  job.training.task, job.model.family));
+    throw ConfigError(
+        fmt::format("extract-features takes a flow_matching job's config (training.task flow_matching, "
+                    "model.family wan), not a {} job's {}",
+                    job.training.task, job.model.family));
   if (samples < 0) throw ConfigError(fmt::format("--samples: must be >= 0, got {}", samples));
   const std::string& out_dir = out.empty() ? job.data.features : out;
   if (out_dir.empty()) throw ConfigError("extract-features: give --out DIR, or data.features in the job");
   std::error_code error;
   if (fs::exists(out_dir, error) && !(fs::is_directory(out_dir, error) && fs::is_empty(out_dir, error)))
-    throw ConfigError(fmt::format("--out: {} exists and is not an empty directory; features go into a new one", out_dir));
+    throw ConfigError(
+        fmt::format("--out: {} exists and is not an empty directory; features go into a new one", out_dir));
   fs::create_directories(out_dir, error);
   if (error) throw DataError(fmt::format("cannot create {}: {}", out_dir, error.message()));
 
@@ -105,7 +108,8 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   const models::WanConfig dit = models::parse_wan_config(named.hf, named.source);
   const VideoClips clips(job.data, models::derive_seed(seed, "data"));  // the stream a training job walks
   const FlowHelpers helpers = load_flow_helpers(job, dit, clips.builtin_tokenizer());
-  if (samples == 0) samples = std::min(clips.train_size(), job.training.steps * job.training.global_batch_size);
+  if (samples == 0)
+    samples = std::min(clips.train_size(), job.training.steps * job.training.global_batch_size);
   const int64_t batch = job.training.micro_batch_size;
 
   const auto encode_into = [&](ShardWriter& writer, const std::vector<int64_t>& indices,
@@ -118,7 +122,8 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
     }
     const at::Tensor x0 = encode_latents(*helpers.vae, at::stack(videos));
     const std::vector<at::Tensor> text = helpers.captions->encode(captions);
-    for (size_t i = 0; i < batch_clips.size(); ++i) writer.add(x0[static_cast<int64_t>(i)], text[i], indices[i]);
+    for (size_t i = 0; i < batch_clips.size(); ++i)
+      writer.add(x0[static_cast<int64_t>(i)], text[i], indices[i]);
   };
 
   ShardWriter train(out_dir, "train");
@@ -138,13 +143,15 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
       }
       if (!batch_clips.empty()) encode_into(train, kept, batch_clips);
     }
-    if ((begin / batch + 1) % 50 == 0) spdlog::info("extract-features: {} of {} training samples", begin + batch, samples);
+    if ((begin / batch + 1) % 50 == 0)
+      spdlog::info("extract-features: {} of {} training samples", begin + batch, samples);
   }
-  if (train.added() == 0) throw DataError(fmt::format("none of the first {} training samples is usable", samples));
+  if (train.added() == 0)
+    throw DataError(fmt::format("none of the first {} training samples is usable", samples));
   ShardWriter held_out(out_dir, "eval");
   json captions = json::array();
-  for (const auto& indices : same_shape_batches(0, clips.eval_samples(), batch,
-                                                [&](int64_t i) { return clips.eval_frames(i); })) {
+  for (const auto& indices :
+       same_shape_batches(0, clips.eval_samples(), batch, [&](int64_t i) { return clips.eval_frames(i); })) {
     std::vector<data::VideoClip> batch_clips;
     for (int64_t i : indices) batch_clips.push_back(clips.eval(i));
     encode_into(held_out, indices, batch_clips);
@@ -152,9 +159,11 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   // Held-out captions in the order of the rows: shards of one shape each, in the order written.
   json train_shards = train.finish(), eval_shards = held_out.finish();
   for (const json& shard : eval_shards) {
-    const checkpoint::SafetensorsReader reader((fs::path(out_dir) / shard["file"].get<std::string>()).string());
+    const checkpoint::SafetensorsReader reader(
+        (fs::path(out_dir) / shard["file"].get<std::string>()).string());
     const at::Tensor source = reader.load("source_index");
-    for (int64_t i = 0; i < source.numel(); ++i) captions.push_back(clips.eval_caption(source[i].item<int64_t>()));
+    for (int64_t i = 0; i < source.numel(); ++i)
+      captions.push_back(clips.eval_caption(source[i].item<int64_t>()));
   }
   const auto& vae = helpers.vae->config;
   json index = {{"format", kFormat},
@@ -171,9 +180,9 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
                 {"train", {{"samples", train.added()}, {"skipped", skipped}, {"shards", train_shards}}},
                 {"eval", {{"samples", held_out.added()}, {"shards", eval_shards}, {"captions", captions}}}};
   checkpoint::write_text_file_durable((fs::path(out_dir) / kIndexFile).string(), index.dump(1) + "\n");
-  const std::string summary = fmt::format(
-      "extract-features: {} training samples ({} skipped as unusable) and {} held-out ones in {}", train.added(),
-      skipped, held_out.added(), out_dir);
+  const std::string summary =
+      fmt::format("extract-features: {} training samples ({} skipped as unusable) and {} held-out ones in {}",
+                  train.added(), skipped, held_out.added(), out_dir);
   return summary;
 }
 
@@ -181,9 +190,10 @@ FeatureSet::FeatureSet(const std::string& dir) : dir_(dir) {
   const std::string index_path = (fs::path(dir) / kIndexFile).string();
   std::error_code error;
   if (!fs::is_regular_file(index_path, error))
-    throw DataError(fmt::format("data.features: {} has no {} (not a features directory, or an extraction that did "
-                                "not finish)",
-                                dir, kIndexFile));
+    throw DataError(
+        fmt::format("data.features: {} has no {} (not a features directory, or an extraction that did "
+                    "not finish)",
+                    dir, kIndexFile));
   json index;
   try {
     index = json::parse(checkpoint::read_text_file(index_path));
@@ -200,12 +210,14 @@ FeatureSet::FeatureSet(const std::string& dir) : dir_(dir) {
     fps_ = index.at("fps").get<double>();
     const auto empty = index.at("empty_caption").get<std::vector<std::vector<double>>>();
     if (empty.empty() || empty[0].size() != static_cast<size_t>(text_dim_))
-      throw DataError(fmt::format("{}: empty_caption is not rows of text_dim {} numbers", index_path, text_dim_));
+      throw DataError(
+          fmt::format("{}: empty_caption is not rows of text_dim {} numbers", index_path, text_dim_));
     empty_caption_ = at::empty({static_cast<int64_t>(empty.size()), text_dim_}, at::kDouble);
     for (size_t r = 0; r < empty.size(); ++r) {
       if (empty[r].size() != static_cast<size_t>(text_dim_))
         throw DataError(fmt::format("{}: empty_caption's rows are not all {} wide", index_path, text_dim_));
-      for (int64_t c = 0; c < text_dim_; ++c) empty_caption_[static_cast<int64_t>(r)][c] = empty[r][static_cast<size_t>(c)];
+      for (int64_t c = 0; c < text_dim_; ++c)
+        empty_caption_[static_cast<int64_t>(r)][c] = empty[r][static_cast<size_t>(c)];
     }
     for (const char* split : {"train", "eval"}) {
       std::vector<Row>& rows = std::string(split) == "train" ? train_ : eval_;
@@ -223,8 +235,9 @@ FeatureSet::FeatureSet(const std::string& dir) : dir_(dir) {
             reader.shape("text").size() != 2 || reader.shape("text")[1] != text_dim_ ||
             offsets[n].item<int64_t>() != reader.shape("text")[0] || offsets[0].item<int64_t>() != 0 ||
             (offsets.slice(0, 1) < offsets.slice(0, 0, n)).any().item<bool>())
-          throw DataError(fmt::format("{}: its tensors disagree with {} ({} samples of latents [{}], text {} wide)",
-                                      file, index_path, n, fmt::join(shape, ", "), text_dim_));
+          throw DataError(
+              fmt::format("{}: its tensors disagree with {} ({} samples of latents [{}], text {} wide)", file,
+                          index_path, n, fmt::join(shape, ", "), text_dim_));
         offsets_.push_back(offsets);
         for (int64_t i = 0; i < n; ++i) rows.push_back({shards_.size() - 1, i, shape[1]});
       }
@@ -236,32 +249,36 @@ FeatureSet::FeatureSet(const std::string& dir) : dir_(dir) {
   }
   if (train_.empty()) throw DataError(fmt::format("{}: no training samples", index_path));
   if (eval_captions_.size() != eval_.size())
-    throw DataError(fmt::format("{}: {} held-out captions for {} held-out samples", index_path, eval_captions_.size(),
-                                eval_.size()));
+    throw DataError(fmt::format("{}: {} held-out captions for {} held-out samples", index_path,
+                                eval_captions_.size(), eval_.size()));
 }
 
 void FeatureSet::check_helpers(const models::WanVaeConfig& vae, const std::string& vae_key,
                                const CaptionEncoder& captions, const std::string& text_key) const {
   const int64_t text_dim = captions.width();
   if (vae.z_dim != z_dim_ || vae.latents_mean != latents_mean_ || vae.latents_std != latents_std_)
-    throw ConfigError(fmt::format("{}: the features in {} were made by another VAE (other latent channels or "
-                                  "statistics); sampling would decode latents it did not make",
-                                  vae_key, dir_));
+    throw ConfigError(
+        fmt::format("{}: the features in {} were made by another VAE (other latent channels or "
+                    "statistics); sampling would decode latents it did not make",
+                    vae_key, dir_));
   if (text_dim != text_dim_)
-    throw ConfigError(fmt::format("{}: its features are {} wide, those in {} {}", text_key, text_dim, dir_, text_dim_));
+    throw ConfigError(
+        fmt::format("{}: its features are {} wide, those in {} {}", text_key, text_dim, dir_, text_dim_));
   const at::Tensor empty = captions.encode({""})[0].to(at::kDouble);
   if (!empty.sizes().equals(empty_caption_.sizes()) || !at::allclose(empty, empty_caption_, 1e-5, 1e-6))
-    throw ConfigError(fmt::format("{}: the features in {} were made by another text encoder (its features of the "
-                                  "empty caption differ)",
-                                  text_key, dir_));
+    throw ConfigError(
+        fmt::format("{}: the features in {} were made by another text encoder (its features of the "
+                    "empty caption differ)",
+                    text_key, dir_));
 }
 
 void FeatureSet::check_source(const config::DataSection& data) const {
   const auto differs = [&](const char* key, const std::string& job, const std::string& features) {
     if (job != features)
-      throw ConfigError(fmt::format("data.{}: {} here, but the features in {} were extracted from {}; extract them "
-                                    "again (loom data extract-features) or set data.{} back",
-                                    key, job, dir_, features, key));
+      throw ConfigError(
+          fmt::format("data.{}: {} here, but the features in {} were extracted from {}; extract them "
+                      "again (loom data extract-features) or set data.{} back",
+                      key, job, dir_, features, key));
   };
   differs("dataset", data.dataset, dataset_);
   differs("frames", std::to_string(data.frames), std::to_string(frames_));

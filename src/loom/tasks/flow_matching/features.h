@@ -48,8 +48,8 @@ class FeatureSet {
 
   // ConfigError naming `vae_key` / `text_key` when the features were made by a VAE of other latent
   // statistics or channels, or by another text encoder (its features of the empty caption differ).
-  void check_helpers(const models::WanVaeConfig& vae, const std::string& vae_key, const CaptionEncoder& captions,
-                     const std::string& text_key) const;
+  void check_helpers(const models::WanVaeConfig& vae, const std::string& vae_key,
+                     const CaptionEncoder& captions, const std::string& text_key) const;
   // ConfigError naming the key where the job's data section (dataset, video_size, frames, fps) is not
   // the one the features were extracted from.
   void check_source(const config::DataSection& data) const;

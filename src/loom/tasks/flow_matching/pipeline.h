@@ -39,5 +39,4 @@ at::Tensor encode_latents(const models::WanVAE& vae, const at::Tensor& video);
 std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::WanVAE& vae,
                                   const GenerationSettings& settings);
 
-
 }  // namespace loom::tasks::flow_matching

@@ -40,9 +40,8 @@ FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanCon
   if (vae.z_dim != dit.in_dim || vae.z_dim != dit.out_dim)
     throw ConfigError(fmt::format("model.vae: {} makes latents of {} channels; the DiT takes {} and gives {}",
                                   vae_dir, vae.z_dim, dit.in_dim, dit.out_dim));
-  helpers.captions =
-      std::make_shared<CaptionEncoder>(job.model, models::derive_seed(job.training.seed, "text"),
-                                       std::move(builtin_tokenizer), dit.text_len);
+  helpers.captions = std::make_shared<CaptionEncoder>(
+      job.model, models::derive_seed(job.training.seed, "text"), std::move(builtin_tokenizer), dit.text_len);
   if (helpers.captions->width() != dit.text_dim)
     throw ConfigError(fmt::format("model.text_encoder: its features are {} wide; the DiT's text_dim is {}",
                                   helpers.captions->width(), dit.text_dim));
@@ -56,7 +55,8 @@ FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr
   if (!job.data.features.empty()) {
     features_ = std::make_shared<FeatureSet>(job.data.features);
     features_->check_source(job.data);
-    if (job.data.dataset == "moving_fashion") builtin = std::make_shared<data::WordTokenizer>(moving_fashion_tokenizer());
+    if (job.data.dataset == "moving_fashion")
+      builtin = std::make_shared<data::WordTokenizer>(moving_fashion_tokenizer());
   } else {
     clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
     builtin = clips_->builtin_tokenizer();
@@ -245,8 +245,9 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
           models::derive_seed(seed_, fmt::format("flow/eval/{}", i)));
       noises.push_back(at::randn(latent_for(eval_frames(i)), generator, at::kFloat));
     }
-    const auto [x0, text] = features_ ? std::pair{at::stack(latents), models::pad_text(features, model_->config.text_len)}
-                                      : encode(at::stack(videos), captions);
+    const auto [x0, text] =
+        features_ ? std::pair{at::stack(latents), models::pad_text(features, model_->config.text_len)}
+                  : encode(at::stack(videos), captions);
     const at::Tensor error =
         velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises), whole, {}, nullptr);
     sums[0] += error.item<double>();
@@ -262,8 +263,8 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
   } else {
     e.summary = "eval: no held-out clips (data.eval_datasets)";
   }
-  const int64_t videos = std::min<int64_t>(job_.training.eval_videos,
-                                          features_ ? features_->eval_size() : clips_->eval_size());
+  const int64_t videos =
+      std::min<int64_t>(job_.training.eval_videos, features_ ? features_->eval_size() : clips_->eval_size());
   if (videos > 0) {
     // Clip i on data-parallel rank i mod ranks: every rank samples its share, none waits for rank 0.
     const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
@@ -271,7 +272,8 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
                                 .string();
     nlohmann::json index = nlohmann::json::array();
     for (int64_t i = 0; i < videos; ++i) {
-      const std::string name = fmt::format("sample-{:03d}", i), caption = features_ ? features_->eval_caption(i) : clips_->eval_caption(i);
+      const std::string name = fmt::format("sample-{:03d}", i),
+                        caption = features_ ? features_->eval_caption(i) : clips_->eval_caption(i);
       const uint64_t seed = models::derive_seed(seed_, fmt::format("flow/sample/{}", i));
       index.push_back({{"name", name}, {"caption", caption}, {"seed", seed}});
       if (i % ranks != rank) continue;

@@ -83,8 +83,8 @@ class FlowMatchingTask : public core::Task {
   int64_t train_frames(int64_t index) const;  // in video frames, either source
   int64_t eval_frames(int64_t index) const;
 
-  std::shared_ptr<VideoClips> clips_;        // the clips, or
-  std::shared_ptr<FeatureSet> features_;     // their pre-extracted features
+  std::shared_ptr<VideoClips> clips_;     // the clips, or
+  std::shared_ptr<FeatureSet> features_;  // their pre-extracted features
   FlowHelpers helpers_;
   GenerationSettings generation_;
   uint64_t seed_;

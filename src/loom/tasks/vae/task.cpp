@@ -27,7 +27,8 @@ VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> m
       clips_(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data")),
       seed_(static_cast<uint64_t>(job.training.seed)) {
   if (!job.data.features.empty())
-    throw ConfigError("data.features: is read by task flow_matching only (a VAE trains on the clips themselves)");
+    throw ConfigError(
+        "data.features: is read by task flow_matching only (a VAE trains on the clips themselves)");
   const int64_t frames = clips_.frames();
   if (models::WanVaeConfig::encoded_frames(frames) != frames)
     throw ConfigError(

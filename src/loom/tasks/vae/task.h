@@ -31,10 +31,11 @@ class VaeTask : public core::Task {
   std::string loss_count_name() const override { return "pixels"; }
   core::ForwardResult forward(const core::MicroBatch& batch, const core::Stage& stage,
                               core::Carry input) override;
-  // The evaluation's held-out clips (VideoClips::eval_samples) through the posterior mean (no sampling), dealt over
-  // the data-parallel ranks: eval_loss, eval_mse (per pixel, on [-1, 1]), eval_psnr (dB, on [0, 1]); then
-  // the first training.eval_videos held-out clips reconstructed into <output_dir>/samples/step-NNNNNNNN
-  // (samples/eval outside training) as the flow-matching task writes its samples, with captions.json.
+  // The evaluation's held-out clips (VideoClips::eval_samples) through the posterior mean (no sampling),
+  // dealt over the data-parallel ranks: eval_loss, eval_mse (per pixel, on [-1, 1]), eval_psnr (dB, on [0,
+  // 1]); then the first training.eval_videos held-out clips reconstructed into
+  // <output_dir>/samples/step-NNNNNNNN (samples/eval outside training) as the flow-matching task writes its
+  // samples, with captions.json.
   core::Evaluation evaluate(int64_t step) override;
   // config.json again, with latents_mean / latents_std: each latent channel's mean and standard
   // deviation of the posterior mean over the run's first kStatisticsClips usable training samples.

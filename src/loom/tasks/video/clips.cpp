@@ -26,9 +26,10 @@ constexpr size_t kWarnedSkips = 20;  // skipped samples named in the log; the re
 
 data::DatasetSpec spec_of(const config::DatasetFile& file) {
   if (!file.fields.empty())
-    throw ConfigError(fmt::format("data.datasets: {}: fields is read by dataset messages only; a video "
-                                  "dataset's samples are {{\"video\" or \"image\": PATH, \"caption\": TEXT}}",
-                                  file.path));
+    throw ConfigError(
+        fmt::format("data.datasets: {}: fields is read by dataset messages only; a video "
+                    "dataset's samples are {{\"video\" or \"image\": PATH, \"caption\": TEXT}}",
+                    file.path));
   data::DatasetSpec spec;
   spec.path = file.path;
   spec.root = file.root;
@@ -38,7 +39,8 @@ data::DatasetSpec spec_of(const config::DatasetFile& file) {
 
 // An image resized (Pillow's bicubic) until both sides cover size x size, then centre-cropped.
 data::Image cover_and_crop(const data::Image& image, int size) {
-  const double scale = std::max(static_cast<double>(size) / image.height, static_cast<double>(size) / image.width);
+  const double scale =
+      std::max(static_cast<double>(size) / image.height, static_cast<double>(size) / image.width);
   const int height = std::max(size, static_cast<int>(std::lround(image.height * scale)));
   const int width = std::max(size, static_cast<int>(std::lround(image.width * scale)));
   const data::Image scaled =
@@ -73,7 +75,8 @@ VideoClips::VideoClips(const config::DataSection& data, uint64_t seed)
     : seed_(seed), frames_(data.frames), size_(data.video_size), fps_(data.fps) {
   // Called under the log's lock. A sample is named once, however many epochs skip it again.
   skips_ = std::make_shared<data::SkipLog>(
-      64, [seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](const data::SkipRecord& record) {
+      64,
+      [seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](const data::SkipRecord& record) {
         if (seen->size() > kWarnedSkips || !seen->insert({record.file, record.sample_index}).second) return;
         if (seen->size() <= kWarnedSkips)
           spdlog::warn("{}", record.message());
@@ -82,17 +85,19 @@ VideoClips::VideoClips(const config::DataSection& data, uint64_t seed)
       });
   if (data.dataset == "moving_fashion") {
     tokenizer_ = std::make_shared<data::WordTokenizer>(moving_fashion_tokenizer());
-    set_ = std::make_shared<data::MovingFashion>(data.dir.empty() ? data::FashionMnist::kDefaultDir : data.dir,
-                                                 seed, data.video_size, data.frames);
+    set_ = std::make_shared<data::MovingFashion>(
+        data.dir.empty() ? data::FashionMnist::kDefaultDir : data.dir, seed, data.video_size, data.frames);
     if (data.eval_samples > eval_size())
-      throw ConfigError(fmt::format("data.eval_samples: {} is more than the {} held-out clips of moving_fashion",
-                                    data.eval_samples, eval_size()));
+      throw ConfigError(
+          fmt::format("data.eval_samples: {} is more than the {} held-out clips of moving_fashion",
+                      data.eval_samples, eval_size()));
     eval_samples_ = data.eval_samples;
     return;
   }
   if (data.dataset != "videos")
-    throw ConfigError(fmt::format(
-        "data.dataset: '{}' has no video clips (valid for video tasks: moving_fashion, videos)", data.dataset));
+    throw ConfigError(
+        fmt::format("data.dataset: '{}' has no video clips (valid for video tasks: moving_fashion, videos)",
+                    data.dataset));
   std::vector<int64_t> sizes;
   std::vector<double> weights;
   std::vector<std::string> names;
@@ -109,8 +114,8 @@ VideoClips::VideoClips(const config::DataSection& data, uint64_t seed)
     auto samples = data::read_captioned_media(spec_of(file), problems);
     if (!problems.records().empty()) {
       const data::SkipRecord first = problems.records().front();
-      throw DataError(fmt::format("held-out sample {} of {} cannot be used: {}", first.sample_index, first.file,
-                                  first.reason));
+      throw DataError(fmt::format("held-out sample {} of {} cannot be used: {}", first.sample_index,
+                                  first.file, first.reason));
     }
     eval_files_.insert(eval_files_.end(), samples.begin(), samples.end());
   }
@@ -122,13 +127,15 @@ VideoClips::VideoClips(const config::DataSection& data, uint64_t seed)
     try {
       load(media);
     } catch (const DataError& e) {
-      throw DataError(fmt::format("held-out sample {} of {} cannot be used: {}", media.index, media.source, e.what()));
+      throw DataError(
+          fmt::format("held-out sample {} of {} cannot be used: {}", media.index, media.source, e.what()));
     }
   }
   int64_t samples = 0;
   for (const auto& f : files_) samples += static_cast<int64_t>(f.size());
-  spdlog::info("data: {} training clips and images in {} files, {} held out; {} samples skipped while reading",
-               samples, files_.size(), eval_files_.size(), skips_->counts().total());
+  spdlog::info(
+      "data: {} training clips and images in {} files, {} held out; {} samples skipped while reading",
+      samples, files_.size(), eval_files_.size(), skips_->counts().total());
 }
 
 data::VideoClip VideoClips::load(const data::CaptionedMedia& media) const {
@@ -156,9 +163,9 @@ std::optional<data::VideoClip> VideoClips::train(int64_t index) const {
   if (set_) {
     const int64_t size = set_->size(data::Split::train);
     const uint64_t epoch = static_cast<uint64_t>(index / size);
-    const int64_t at = static_cast<int64_t>(permute_index(static_cast<uint64_t>(index % size),
-                                                          static_cast<uint64_t>(size),
-                                                          counter_start(seed_, kEpochOrderStream, epoch)));
+    const int64_t at =
+        static_cast<int64_t>(permute_index(static_cast<uint64_t>(index % size), static_cast<uint64_t>(size),
+                                           counter_start(seed_, kEpochOrderStream, epoch)));
     return set_->sample(data::Split::train, at);
   }
   const data::MixPosition at = mix_->locate(index);
@@ -168,8 +175,9 @@ std::optional<data::VideoClip> VideoClips::train(int64_t index) const {
   } catch (const DataError& e) {
     std::error_code error;
     const bool missing = !std::filesystem::exists(media.path, error);
-    const data::SkipKind kind = media.image ? (missing ? data::SkipKind::missing_image : data::SkipKind::corrupt_image)
-                                            : (missing ? data::SkipKind::missing_video : data::SkipKind::corrupt_video);
+    const data::SkipKind kind =
+        media.image ? (missing ? data::SkipKind::missing_image : data::SkipKind::corrupt_image)
+                    : (missing ? data::SkipKind::missing_video : data::SkipKind::corrupt_video);
     skips_->record({kind, media.source, media.index, e.what()});
     return std::nullopt;
   }
@@ -204,7 +212,7 @@ std::string VideoClips::eval_caption(int64_t index) const {
 
 std::vector<std::vector<int64_t>> same_shape_batches(int64_t begin, int64_t end, int64_t size,
                                                      const std::function<int64_t(int64_t)>& frames_of) {
-  std::vector<int64_t> order;                    // frame counts in the order they first appear
+  std::vector<int64_t> order;                     // frame counts in the order they first appear
   std::map<int64_t, std::vector<int64_t>> kinds;  // frame count -> its samples
   for (int64_t i = begin; i < end; ++i) {
     auto [it, added] = kinds.try_emplace(frames_of(i));
@@ -216,7 +224,8 @@ std::vector<std::vector<int64_t>> same_shape_batches(int64_t begin, int64_t end,
     const auto& samples = kinds[frames];
     for (size_t at = 0; at < samples.size(); at += static_cast<size_t>(size))
       out.emplace_back(samples.begin() + static_cast<std::ptrdiff_t>(at),
-                       samples.begin() + static_cast<std::ptrdiff_t>(std::min(samples.size(), at + static_cast<size_t>(size))));
+                       samples.begin() + static_cast<std::ptrdiff_t>(
+                                             std::min(samples.size(), at + static_cast<size_t>(size))));
   }
   return out;
 }
