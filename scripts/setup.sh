@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 packages=(build-essential cmake ninja-build ccache pkg-config clang-format
   libtorch-dev libgloo-dev libopenblas-dev libyaml-cpp-dev libcli11-dev nlohmann-json3-dev
   libfmt-dev libspdlog-dev libgtest-dev libgmock-dev libbenchmark-dev libsentencepiece-dev
-  libre2-dev libturbojpeg0-dev libpng-dev zlib1g-dev dataset-fashion-mnist python3-torch python3-numpy
+  libre2-dev libturbojpeg0-dev libpng-dev zlib1g-dev dataset-fashion-mnist python3-torch python3-numpy python3-yaml
   python3-jinja2 protobuf-compiler python3-protobuf
   libavformat-dev libavcodec-dev libavutil-dev libswscale-dev libgif-dev)
 

@@ -16,7 +16,7 @@
 #include "loom/data/tokenizer/tokenizer.h"
 #include "loom/dist/launch_env.h"
 #include "loom/tasks/flow_matching/features.h"
-#include "loom/tasks/vlm_sft/task.h"
+#include "loom/tasks/registry.h"
 #include "loom/util/errors.h"
 #include "loom/util/log.h"
 #include "startup.h"

@@ -12,66 +12,15 @@ torch.nn modules with HF's parameter names, and trains it with torch.optim.AdamW
 
 Debian's python3-torch (1.13) is all it needs.
 """
-import argparse
-import ctypes
-import json
 import math
-import os
-import resource
-import struct
-import sys
-import time
 
-
-def ensure_openblas_kernels():
-    """The start-up fix Loom makes too (apps/loom/startup.cpp), so both sides multiply with the same
-    kernels: OpenBLAS falls back to Prescott's SSE3 kernels on a CPU model it does not recognise,
-    although the CPU has AVX2 or AVX-512; then pick the kernels that match and start again."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return
-    try:
-        openblas = ctypes.CDLL("libopenblas.so.0")
-        openblas.openblas_get_corename.restype = ctypes.c_char_p
-        core = openblas.openblas_get_corename().decode().lower()
-    except (OSError, AttributeError):
-        return
-    if core != "prescott":
-        return
-    flags = set(open("/proc/cpuinfo").read().split())
-    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
-    elif {"avx2", "fma"} <= flags:
-        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
-    else:
-        return
-    os.execv(sys.executable, [sys.executable] + sys.argv)
-
-
-ensure_openblas_kernels()
+from eager_training import load_safetensors, train  # first: it settles OpenBLAS before torch loads
 
 import torch  # noqa: E402 (after the environment is settled)
 import torch.nn as nn  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 IGNORE_INDEX = -100
-DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
-          "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
-          "BOOL": torch.bool}
-
-
-def load_safetensors(path):
-    with open(path, "rb") as f:
-        data = f.read()
-    (n,) = struct.unpack("<Q", data[:8])
-    header = json.loads(data[8:8 + n])
-    header.pop("__metadata__", None)
-    out = {}
-    for name, entry in header.items():
-        begin, end = entry["data_offsets"]
-        raw = bytearray(data[8 + n + begin:8 + n + end])
-        tensor = torch.frombuffer(raw, dtype=DTYPES[entry["dtype"]]) if raw else torch.empty(0, dtype=DTYPES[entry["dtype"]])
-        out[name] = tensor.reshape(entry["shape"]).clone()
-    return out
 
 
 # --- vision tower -------------------------------------------------------------------------------
@@ -365,88 +314,24 @@ def attention_mask_4d(batch, dtype):
 
 # --- training ------------------------------------------------------------------------------------
 
-def learning_rate(step, s):
-    warmup, total = s["warmup_steps"], s["steps"]
-    if step < warmup:
-        return s["lr"] * (step + 1) / warmup
-    decay = max(1, total - max(0, warmup))
-    progress = min(max((step - max(0, warmup)) / decay, 0.0), 1.0)
-    return s["min_lr"] + 0.5 * (s["lr"] - s["min_lr"]) * (1.0 + math.cos(math.pi * progress))
+def build_model(config):
+    # A tied model's file may leave the LM head out.
+    may_lack = ["lm_head.weight"] if config.get("tie_word_embeddings") else []
+    return Qwen2VLForConditionalGeneration(config), may_lack
 
 
-def micro_batches(path):
-    tensors = load_safetensors(path)
-    batches = {}
-    for name, tensor in tensors.items():
-        index, field = name.split(".", 1)
-        batches.setdefault(int(index), {})[field] = tensor
-    return [batches[i] for i in sorted(batches)]
+def target_count(batches):
+    return sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("export_dir")
-    parser.add_argument("--steps", type=int, default=None, help="steps to train (default: every exported one)")
-    parser.add_argument("--warmup", type=int, default=0, help="untimed steps first (with --bench)")
-    parser.add_argument("--bench", action="store_true", help="time the steps and print one JSON object")
-    parser.add_argument("--threads", type=int, default=0, help="intra-op threads (default: the export's)")
-    args = parser.parse_args()
-
-    settings = json.load(open(f"{args.export_dir}/job.json"))
-    if settings["precision"] != "fp32":
-        sys.exit(f"qwen2vl_eager.py: the reference trains fp32 jobs; this one is {settings['precision']}")
-    torch.set_num_threads(args.threads or settings["threads"])
-    config = json.load(open(f"{args.export_dir}/model/config.json"))
-    model = Qwen2VLForConditionalGeneration(config)
-    weights = load_safetensors(f"{args.export_dir}/model/model.safetensors")
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [m for m in missing if not (m == "lm_head.weight" and config.get("tie_word_embeddings"))]
-    if missing or unexpected:
-        sys.exit(f"qwen2vl_eager.py: weights do not fit: missing {missing}, unexpected {unexpected}")
-
-    decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
-    no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
-    optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": settings["weight_decay"]},
-                                   {"params": no_decay, "weight_decay": 0.0}],
-                                  lr=settings["lr"], betas=(settings["adam_beta1"], settings["adam_beta2"]),
-                                  eps=settings["adam_eps"])
-    exported = settings["exported_steps"]
-    total = args.steps if args.steps is not None else exported
-    if args.bench:
-        total += args.warmup
-    step_times, tokens = [], 0
-    for step in range(total):
-        batches = micro_batches(f"{args.export_dir}/steps/step-{step % exported + 1:06d}.safetensors")
-        begin = time.perf_counter()
-        targets = sum(int((b["labels"][:, 1:] != IGNORE_INDEX).sum()) for b in batches)
-        lr = learning_rate(step, settings)
-        for group in optimizer.param_groups:
-            group["lr"] = lr
-        loss_sum = 0.0
-        for b in batches:
-            logits = model(b)
-            vocab = logits.shape[-1]
-            loss = F.cross_entropy(logits[:, :-1].reshape(-1, vocab), b["labels"][:, 1:].reshape(-1),
-                                   ignore_index=IGNORE_INDEX, reduction="sum")
-            (loss / targets).backward()
-            loss_sum += loss.item()
-        if settings["clip_grad"] > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), settings["clip_grad"])
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        seconds = time.perf_counter() - begin
-        if not args.bench:
-            print(json.dumps({"step": step + 1, "loss": loss_sum / targets, "lr": lr}), flush=True)
-        elif step >= args.warmup:
-            step_times.append(seconds)
-            tokens += sum(int(b["attention_mask"].sum()) for b in batches)
-    if args.bench:
-        step_times.sort()
-        print(json.dumps({"steps": len(step_times), "warmup": args.warmup, "threads": torch.get_num_threads(),
-                          "tokens_per_s": tokens / sum(step_times),
-                          "step_time_median_s": step_times[len(step_times) // 2],
-                          "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0}))
+def token_loss_sum(model, b):
+    """The next-token cross-entropy summed over the micro-batch's target tokens."""
+    logits = model(b)
+    vocab = logits.shape[-1]
+    return F.cross_entropy(logits[:, :-1].reshape(-1, vocab), b["labels"][:, 1:].reshape(-1),
+                           ignore_index=IGNORE_INDEX, reduction="sum")
 
 
 if __name__ == "__main__":
-    main()
+    train(__doc__, "qwen2vl_eager.py", "vlm_sft", build_model, target_count, token_loss_sum,
+          lambda model, batches: sum(int(b["attention_mask"].sum()) for b in batches))

@@ -1,7 +1,7 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
-# process, data parallelism over two ranks, ZeRO-1 and FSDP, with the one-process losses (1e-5
-# relative: only the summation order over ranks differs). The DiT's evaluation samples a held-out
+# process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor parallelism over
+# two ranks), with the one-process losses (1e-5 relative: only the summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
 shrink=(--set tools.progress_bar=false --set tools.log_every=1 --set data.eval_samples=4 --set data.num_workers=0
@@ -56,11 +56,20 @@ for file in sample-000.gif sample-000.mp4 sample-000/frame-0000.png sample-000/f
   [ -s "$samples/$file" ] || fail "no $file among the samples"
 done
 head -c 6 "$samples/sample-000.gif" | grep -q "GIF89a" || fail "sample-000.gif is no GIF"
-for layout in dp zero1 zero3; do
-  case $layout in dp) extra=();; zero1) extra=(--set parallel.zero=1);; zero3) extra=(--set parallel.zero=3);; esac
-  train "dit-$layout" 2 "${dit[@]}" "${extra[@]}" --set training.eval_videos=0
+for layout in dp zero1 zero3 tp2; do
+  case $layout in
+    dp) extra=(--set training.eval_videos=0);; zero1) extra=(--set parallel.zero=1 --set training.eval_videos=0);;
+    zero3) extra=(--set parallel.zero=3 --set training.eval_videos=0);; tp2) extra=(--set parallel.tp=2);;
+  esac
+  train "dit-$layout" 2 "${dit[@]}" "${extra[@]}"
   same_losses "dit-$layout" dit
 done
+# Under tp both ranks sample the clip (the DiT's collectives) and the first writes it.
+[ -s "$WORK/dit-tp2/samples/step-00000004/sample-000.gif" ] || fail "no clip sampled under tp 2"
+if "$LOOM" train "${vae[@]}" --set parallel.tp=2 --set training.output_dir="$WORK/x" 2> "$WORK/err"; then
+  fail "the VAE accepted tp 2"
+fi
+grep -q "the Wan VAE trains under data parallelism, ZeRO-1 and FSDP only" "$WORK/err" || fail "$(cat "$WORK/err")"
 
 # loom generate: the evaluation's clip again from its caption and seed (the job's settings), byte for byte.
 read -r caption seed < <(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))[0]; print(s["caption"].replace(" ", "_"), s["seed"])' "$samples/captions.json")
@@ -75,4 +84,4 @@ cmp "$WORK/clip/video.gif" "$samples/sample-000.gif" || fail "loom generate's cl
 if "$LOOM" generate "$SRC/configs/wan-moving-fashion.yaml" --checkpoint "$WORK/dit" --prompt x --prompts p.jsonl \
   --out "$WORK/x" 2> "$WORK/err"; then fail "--prompts with a job file accepted"; fi
 grep -q "generate: --prompts is for answers from a model directory" "$WORK/err" || fail "$(cat "$WORK/err")"
-echo "wan: VAE and DiT train alike under one process, dp 2, ZeRO-1 and FSDP; samples and loom generate write clips"
+echo "wan: VAE and DiT train alike under one process, dp 2, ZeRO-1 and FSDP (the DiT tp 2 too); samples and loom generate write clips"

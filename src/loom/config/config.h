@@ -44,6 +44,8 @@ struct ModelSection {
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
   // family wan only: the frozen helpers of flow matching.
   std::string vae;                // a Wan VAE model directory, or the run directory of a vae job
+  nlohmann::json vae_config;      // model.vae inline: a WanVAE_ config's fields, the weights drawn from
+                                  // training.seed (a fixed random VAE, for benchmarks)
   std::string text_encoder_path;  // model.text_encoder as a string: a umT5 model directory
   nlohmann::json text_encoder;    // model.text_encoder inline: a umT5 config.json's fields, the weights
                                   // drawn from training.seed (a fixed random encoder, for built-in data)
@@ -64,8 +66,14 @@ struct ModelSection {
       not_empty("a path to a HF config.json, a published model's name, or an inline mapping"));
     k("init_from", &S::init_from);
     k("freeze", &S::freeze, no_empty_entry("module prefix"));
-    k("vae", &S::vae, ReadBy::wan, required("a Wan VAE model directory or a vae job's run directory"),
-      not_empty());
+    k("vae",
+      path_or_mapping(&S::vae, &S::vae_config,
+                      "a Wan VAE model directory, a vae job's run directory or an inline WanVAE_ config "
+                      "(weights drawn from the seed)"),
+      ReadBy::wan,
+      required("a Wan VAE model directory or a vae job's run directory, or an inline WanVAE_ config whose "
+               "weights are drawn from the seed"),
+      not_empty("a Wan VAE model directory, a vae job's run directory or an inline mapping"));
     k("text_encoder",
       path_or_mapping(&S::text_encoder_path, &S::text_encoder,
                       "a umT5 model directory or an inline umT5 config (weights drawn from the seed)"),

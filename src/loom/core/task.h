@@ -27,9 +27,10 @@ class MicroBatch {
 struct StepData {
   std::vector<std::shared_ptr<const MicroBatch>> micro_batches;
   double loss_count = 0;  // this rank's share of what normalises the step's loss
-  // The step's samples left out or cut: over data.max_seq_len (truncated or dropped, as
-  // data.overlong says), and unusable ones skipped. Every rank reads the whole step, so each
-  // reports the step's counts.
+  // This rank's share of the step's samples left out or cut: over data.max_seq_len (truncated or
+  // dropped, as data.overlong says), and unusable ones skipped. The trainer sums them over the
+  // data-parallel ranks; a task whose every rank reads the whole step reports its counts on data rank
+  // 0 alone.
   int64_t truncated = 0, dropped = 0, skipped = 0;
 };
 
@@ -68,6 +69,13 @@ class Task {
   // Writes what a checkpoint carries besides weights and training state (a tokenizer, processor
   // settings) into `dir`.
   virtual void save_artifacts(const std::string& dir) const = 0;
+  // For `loom data export`: step `step`'s micro-batches for one process holding the whole global
+  // batch, as the tensors a peer implementation trains on, named "<micro-batch>.<field>". Empty: this
+  // task has nothing a peer reads (the command says so).
+  virtual std::vector<std::pair<std::string, at::Tensor>> export_step(int64_t step) const {
+    (void)step;
+    return {};
+  }
 };
 
 }  // namespace loom::core

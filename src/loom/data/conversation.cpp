@@ -1,13 +1,18 @@
 // Reading conversation dataset files, checking each sample, recording skips, and the weighted mix.
 #include "loom/data/conversation.h"
 
+#include <spdlog/spdlog.h>
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <numeric>
+#include <set>
 #include <sstream>
+#include <utility>
 
 #include "loom/data/json_samples.h"
 #include "loom/util/errors.h"
@@ -166,6 +171,17 @@ const char* skip_kind_name(SkipKind kind) {
 
 std::string SkipRecord::message() const {
   return fmt::format("skipped sample {} of {} ({}): {}", sample_index, file, skip_kind_name(kind), reason);
+}
+
+std::function<void(const SkipRecord&)> warn_once_per_sample(size_t named) {
+  return [named,
+          seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](const SkipRecord& record) {
+    if (seen->size() > named || !seen->insert({record.file, record.sample_index}).second) return;
+    if (seen->size() <= named)
+      spdlog::warn("{}", record.message());
+    else
+      spdlog::warn("further skipped samples are counted, not named");
+  };
 }
 
 SkipLog::SkipLog(size_t max_records, std::function<void(const SkipRecord&)> on_skip)

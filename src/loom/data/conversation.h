@@ -97,6 +97,11 @@ class SkipLog {
   std::vector<SkipRecord> records_;
 };
 
+// An on_skip for SkipLog that warns with a skipped sample's message, naming each sample once however
+// many epochs skip it again and the first `named` samples only; after them it says once that further
+// skipped samples are counted, not named. Called under the log's lock.
+std::function<void(const SkipRecord&)> warn_once_per_sample(size_t named = 20);
+
 // Reads one dataset file: a JSON array of samples when its first non-blank character is '[', else
 // JSON lines (one sample per non-blank line). Returns the usable samples in file order; each
 // unusable one (not an object, no messages, an unknown role, a message without string content,

@@ -154,6 +154,13 @@ at::Tensor reduce_from_region(const at::Tensor& x, const std::shared_ptr<Comm>& 
       [](const at::Tensor& g) { return g; });
 }
 
+at::Tensor sum_over_region(const at::Tensor& x, const std::shared_ptr<Comm>& group) {
+  if (trivial(group)) return x;
+  return mapped(
+      "SumOverRegion", x, [group](const at::Tensor& t) { return all_reduced(t, *group); },
+      [group](const at::Tensor& g) { return all_reduced(g, *group); });
+}
+
 at::Tensor scatter_to_region(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t dim) {
   if (trivial(group)) return x;
   dim = normalized_dim(x, dim);

@@ -20,6 +20,11 @@ at::Tensor copy_to_region(const at::Tensor& x, const std::shared_ptr<Comm>& grou
 // the identity.
 at::Tensor reduce_from_region(const at::Tensor& x, const std::shared_ptr<Comm>& group);
 
+// A statistic summed from every rank's part that each rank then applies to its own slice (a norm over
+// a width cut over the group): forward the all-reduced sum, backward the sum of the ranks' gradients,
+// since each rank's use of the sum reaches every part.
+at::Tensor sum_over_region(const at::Tensor& x, const std::shared_ptr<Comm>& group);
+
 // Keeps this rank's chunk of `dim` (size() equal chunks, rank order); backward gathers them.
 at::Tensor scatter_to_region(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t dim);
 

@@ -1,7 +1,11 @@
 #include "loom/nn/norm.h"
 
+#include <fmt/format.h>
+
+#include "loom/dist/mappings.h"
 #include "loom/kernels/pointwise.h"
 #include "loom/nn/fused.h"
+#include "loom/util/errors.h"
 
 namespace loom::nn {
 
@@ -36,6 +40,30 @@ std::map<std::string, parallel::ShardLayout> RMSNorm::layouts() const {
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const {
   return fused_kernels() ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
+}
+
+SplitRMSNorm::SplitRMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
+    : eps(eps_), group_(options.tp), dim_(dim) {
+  if (group_.sequence_parallel && group_.size() > 1)
+    throw ModelError("SplitRMSNorm: a norm over features cut across ranks cannot also cut the sequence");
+  if (dim % group_.size() != 0)
+    throw ModelError(fmt::format(
+        "SplitRMSNorm: {} features do not split evenly over {} tensor-parallel ranks", dim, group_.size()));
+  weight = register_parameter("weight", at::empty({dim / group_.size()}, options.tensor_options()));
+}
+
+std::map<std::string, parallel::ShardLayout> SplitRMSNorm::layouts() const {
+  return {{"weight", parallel::split_layout(group_, 0)}};
+}
+
+at::Tensor SplitRMSNorm::forward(const at::Tensor& x) const {
+  if (group_.size() == 1)
+    return fused_kernels() ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
+  // kernels::rms_norm_composite's arithmetic, its mean taken over every rank's features.
+  const at::Tensor x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));
+  const at::Tensor squares = dist::sum_over_region(x32.pow(2).sum(-1, /*keepdim=*/true), group_.comm);
+  const at::Tensor normed = x32 * at::rsqrt(squares / static_cast<double>(dim_) + eps);
+  return weight * normed.to(x.scalar_type());
 }
 
 }  // namespace loom::nn

@@ -36,4 +36,21 @@ class RMSNorm : public torch::nn::Module, public parallel::Sharded {
   parallel::TensorParallelGroup group_;
 };
 
+// RMSNorm over a width whose features are cut over the tensor-parallel group (Wan's q/k norms span
+// every head, and the heads are split): each rank holds dim / size features of x and of the weight, and
+// the mean of squares is over the whole width, the ranks' sums of squares all-reduced (their gradients
+// too). With a group of one rank it is RMSNorm, the same kernel. Not for sequence parallelism.
+class SplitRMSNorm : public torch::nn::Module, public parallel::Sharded {
+ public:
+  SplitRMSNorm(int64_t dim, double eps, const parallel::ParamOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;  // x (..., dim / size) -> (..., dim / size)
+  std::map<std::string, parallel::ShardLayout> layouts() const override;
+  at::Tensor weight;  // [dim / size]
+  double eps;
+
+ private:
+  parallel::TensorParallelGroup group_;
+  int64_t dim_;  // the whole width
+};
+
 }  // namespace loom::nn

@@ -68,8 +68,9 @@ int64_t split_size(int64_t features, int64_t blocks, const TensorParallelGroup& 
   return features / group.size();
 }
 
-ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1,
-                         int64_t chunks = 0) {
+}  // namespace
+
+ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts, int64_t chunks) {
   ShardLayout layout;
   layout.dim = dim;
   layout.parts = parts;
@@ -78,8 +79,6 @@ ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t 
   layout.comm = group.comm;
   return layout;
 }
-
-}  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool with_bias,
                                            const ParamOptions& options, int64_t parts, int64_t chunks)

@@ -74,6 +74,10 @@ class Sharded {
   virtual std::map<std::string, ShardLayout> layouts() const = 0;
 };
 
+// A parameter cut along `dim` over `group` (ShardLayout's parts and chunks; chunks 0: the group size).
+ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1,
+                         int64_t chunks = 0);
+
 // A whole parameter's layout in a layer that `group` runs on: its gradient is partial over the
 // group under sequence parallelism (each rank sees one chunk of the tokens).
 ShardLayout whole_layout(const TensorParallelGroup& group);

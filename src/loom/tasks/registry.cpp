@@ -1,12 +1,17 @@
 #include "loom/tasks/registry.h"
 
+#include <ATen/Parallel.h>
 #include <fmt/format.h>
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <functional>
 #include <optional>
 #include <utility>
 
+#include "loom/checkpoint/checkpoint_dir.h"
+#include "loom/checkpoint/safetensors.h"
 #include "loom/models/registry.h"
 #include "loom/models/wan/dit.h"
 #include "loom/models/wan/names.h"
@@ -46,15 +51,30 @@ BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm>
   return built;
 }
 
-// The Wan families hold whole layers on every rank for now: data parallelism, ZeRO-1 and FSDP only.
+// The Wan layouts: data parallelism, ZeRO-1 and FSDP for both; tensor parallelism for the DiT (over its
+// heads and feed-forward, the residual stream whole: no sequence parallelism). `tp_width` is what tp must
+// divide besides the heads (the DiT's ffn_dim); 0: the model is whole on every rank.
 void check_wan_layout(const config::JobConfig& job, const char* what, int64_t world_size, int64_t heads,
-                      int64_t layers) {
+                      int64_t layers, int64_t tp_width) {
   const auto& p = job.parallel;
-  if (p.tp != 1 || p.pp != 1 || p.cp != 1 || p.ep != 1 || p.sequence_parallel)
+  if ((tp_width == 0 && p.tp != 1) || p.pp != 1 || p.cp != 1 || p.ep != 1)
     throw ConfigError(
-        fmt::format("parallel: {} trains under data parallelism, ZeRO-1 and FSDP only (tp, pp, cp, "
-                    "ep 1, no sequence_parallel); got tp {}, pp {}, cp {}, ep {}",
-                    what, p.tp, p.pp, p.cp, p.ep));
+        fmt::format("parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only (pp, cp, "
+                    "ep 1{}); got tp {}, pp {}, cp {}, ep {}",
+                    what, tp_width > 0 ? ", tensor parallelism" : "", tp_width > 0 ? "" : ", tp 1", p.tp,
+                    p.pp, p.cp, p.ep));
+  if (p.sequence_parallel)
+    throw ConfigError(
+        fmt::format("parallel.sequence_parallel: {} keeps whole sequences on every tensor-parallel "
+                    "rank (remove it)",
+                    what));
+  if (p.vision_tp != 0)
+    throw ConfigError(fmt::format("parallel.vision_tp: {} has no vision tower (remove it)", what));
+  if (tp_width > 0 && tp_width % p.tp != 0)
+    throw ConfigError(
+        fmt::format("parallel.tp={} does not divide {}'s ffn_dim {} (each rank holds an equal "
+                    "share of the feed-forward)",
+                    p.tp, what, tp_width));
   config::validate_parallel(job, {heads, heads, heads, heads, layers}, world_size);
 }
 
@@ -68,17 +88,19 @@ models::WanVaeConfig wan_vae_config(const config::JobConfig& job) {
   return models::parse_wan_vae_config(named.hf, named.source);
 }
 
-parallel::ParamOptions param_options(const config::JobConfig& job) {
+parallel::ParamOptions param_options(const config::JobConfig& job, const core::Layout& layout) {
   parallel::ParamOptions options;
   options.dtype = job.training.precision == "bf16" ? at::kBFloat16 : at::kFloat;
+  options.tp = {layout.tp, false};
   return options;
 }
 
 BuiltJob build_flow_matching(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
   const models::WanConfig config = wan_config(job);
-  check_wan_layout(job, "the Wan DiT", world ? world->size() : 1, config.num_heads, config.num_layers);
+  check_wan_layout(job, "the Wan DiT", world ? world->size() : 1, config.num_heads, config.num_layers,
+                   config.ffn_dim);
   core::Layout layout = core::make_layout(job, std::move(world));
-  auto model = std::make_shared<models::WanModel>(config, param_options(job));
+  auto model = std::make_shared<models::WanModel>(config, param_options(job, layout));
   models::init_wan_parameters(*model, static_cast<uint64_t>(job.training.seed));
   if (!job.model.init_from.empty()) models::load_wan_parameters(*model, job.model.init_from);
   BuiltJob built;
@@ -90,9 +112,9 @@ BuiltJob build_flow_matching(const config::JobConfig& job, std::shared_ptr<dist:
 
 BuiltJob build_vae(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
   const models::WanVaeConfig config = wan_vae_config(job);
-  check_wan_layout(job, "the Wan VAE", world ? world->size() : 1, 1, 4);
+  check_wan_layout(job, "the Wan VAE", world ? world->size() : 1, 1, 4, 0);
   core::Layout layout = core::make_layout(job, std::move(world));
-  auto model = std::make_shared<models::WanVAE>(config, param_options(job));
+  auto model = std::make_shared<models::WanVAE>(config, param_options(job, layout));
   models::init_wan_vae_parameters(*model, static_cast<uint64_t>(job.training.seed));
   if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
   BuiltJob built;
@@ -140,10 +162,10 @@ void validate_layout(const config::JobConfig& job, int64_t world_size) {
   const TaskEntry& entry = task_entry(job);
   if (entry.name == "flow_matching") {
     const models::WanConfig config = wan_config(job);
-    check_wan_layout(job, "the Wan DiT", world_size, config.num_heads, config.num_layers);
+    check_wan_layout(job, "the Wan DiT", world_size, config.num_heads, config.num_layers, config.ffn_dim);
   } else if (entry.name == "vae") {
     wan_vae_config(job);
-    check_wan_layout(job, "the Wan VAE", world_size, 1, 4);
+    check_wan_layout(job, "the Wan VAE", world_size, 1, 4, 0);
   } else {
     models::validate_layout(job, models::job_model_config(job), world_size);
   }
@@ -153,6 +175,46 @@ BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   const TaskEntry& entry = task_entry(job);
   nn::set_fused_kernels(job.features.fused_kernels);
   return entry.build(job, std::move(world));
+}
+
+void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps) {
+  if (steps < 1) throw ConfigError(fmt::format("data export: needs --steps >= 1, got {}", steps));
+  const auto built = build_job(job, nullptr);
+  const auto& t = job.training;
+  const std::vector<std::pair<std::string, at::Tensor>> first = built.task->export_step(0);
+  if (first.empty())
+    throw ConfigError(
+        fmt::format("data export: task {} has no peer implementation to export batches for "
+                    "(vlm_sft and flow_matching have)",
+                    t.task));
+  std::filesystem::create_directories(dir + "/model");
+  std::filesystem::create_directories(dir + "/steps");
+  auto& model = built.model->module();
+  checkpoint::save_safetensors(dir + "/model/model.safetensors", models::named_parameters(model),
+                               {{"format", "pt"}});
+  checkpoint::write_text_file_durable(dir + "/model/config.json", built.model->hf_config().dump(2) + "\n");
+  const nlohmann::json settings = {{"task", t.task},
+                                   {"steps", t.steps},
+                                   {"exported_steps", steps},
+                                   {"global_batch_size", t.global_batch_size},
+                                   {"micro_batch_size", t.micro_batch_size},
+                                   {"lr", t.lr},
+                                   {"min_lr", t.min_lr},
+                                   {"warmup_steps", t.warmup_steps},
+                                   {"weight_decay", t.weight_decay},
+                                   {"adam_beta1", t.adam_beta1},
+                                   {"adam_beta2", t.adam_beta2},
+                                   {"adam_eps", t.adam_eps},
+                                   {"clip_grad", t.clip_grad},
+                                   {"precision", t.precision},
+                                   {"packing", job.data.packing},
+                                   {"threads", at::get_num_threads()}};
+  checkpoint::write_text_file_durable(dir + "/job.json", settings.dump(2) + "\n");
+  for (int64_t step = 0; step < steps; ++step)
+    checkpoint::save_safetensors(fmt::format("{}/steps/step-{:06d}.safetensors", dir, step + 1),
+                                 step == 0 ? first : built.task->export_step(step));
+  spdlog::info("exported the initial weights and {} steps of {} samples to {}", steps, t.global_batch_size,
+               dir);
 }
 
 }  // namespace loom::tasks

@@ -29,4 +29,11 @@ void validate_layout(const config::JobConfig& job, int64_t world_size);
 // Builds the job's parts over `world` (null: one process); every rank calls it.
 BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> world);
 
+// Writes what a peer implementation needs to train the job's model on the same batches, in one
+// process: the job's initial weights with their config (`dir`/model/), the training settings and the
+// task's name (`dir`/job.json) and the first `steps` steps' micro-batches as the task exports them
+// (`dir`/steps/step-NNNNNN.safetensors, tensors "<micro-batch>.<field>"; Task::export_step).
+// ConfigError for a task that exports nothing.
+void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps);
+
 }  // namespace loom::tasks

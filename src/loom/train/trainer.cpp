@@ -192,11 +192,16 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
   const auto totals =
-      sum_over_ranks({r.loss_sum, static_cast<double>(r.tokens), static_cast<double>(r.samples), r.flops});
+      sum_over_ranks({r.loss_sum, static_cast<double>(r.tokens), static_cast<double>(r.samples), r.flops,
+                      static_cast<double>(step.truncated), static_cast<double>(step.dropped),
+                      static_cast<double>(step.skipped)});
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
   stats.samples = static_cast<int64_t>(totals[2]);
   stats.flops = totals[3];
+  stats.truncated = static_cast<int64_t>(totals[4]);
+  stats.dropped = static_cast<int64_t>(totals[5]);
+  stats.skipped = static_cast<int64_t>(totals[6]);
   stats.grad_norm = sync.clip(job_.training.clip_grad);
   return stats;
 }
@@ -302,19 +307,19 @@ std::optional<core::Evaluation> Trainer::train() {
     const double wait_before = loader.wait_seconds();
     const core::StepData step_data = loader.next();
     const double data_wait = loader.wait_seconds() - wait_before;
-    skipped += step_data.skipped;
-    if (step_data.truncated + step_data.dropped > 0) {
-      overlong_truncated += step_data.truncated;
-      overlong_dropped += step_data.dropped;
-      spdlog::warn(
-          "step {}: {} samples over data.max_seq_len {} were {} (this run so far: {} truncated, {} "
-          "dropped)",
-          step_ + 1, step_data.truncated + step_data.dropped, job_.data.max_seq_len,
-          job_.data.overlong == "drop" ? "dropped" : "truncated", overlong_truncated, overlong_dropped);
-    }
 
     const double lr = learning_rate(step_, t.steps, t.warmup_steps, t.lr, t.min_lr);
     auto stats = train_step(step_data);
+    skipped += stats.skipped;
+    if (stats.truncated + stats.dropped > 0) {
+      overlong_truncated += stats.truncated;
+      overlong_dropped += stats.dropped;
+      spdlog::warn(
+          "step {}: {} samples over data.max_seq_len {} were {} (this run so far: {} truncated, {} "
+          "dropped)",
+          step_ + 1, stats.truncated + stats.dropped, job_.data.max_seq_len,
+          job_.data.overlong == "drop" ? "dropped" : "truncated", overlong_truncated, overlong_dropped);
+    }
     // Every rank has the same loss and norm (summed over the ranks), so every rank decides alike.
     const bool finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
     if (finite) {

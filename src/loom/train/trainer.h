@@ -70,6 +70,7 @@ class Trainer {
   struct StepStats {
     double loss = 0, grad_norm = 0;
     int64_t tokens = 0, samples = 0;
+    int64_t truncated = 0, dropped = 0, skipped = 0;  // the step's samples cut or left out (StepData's)
     double flops = 0;
     double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
     double forward_s = 0, backward_s = 0;

@@ -427,11 +427,16 @@ TEST(ParseConfigErrors, VideoKeysOnlyWhereRead) {
             "by data.video_size); remove it");
   const std::string wan =
       "model: {family: wan, hf_config: a.json}\ntraining: {steps: 1, task: flow_matching}\n";
-  EXPECT_EQ(
-      parse_error(wan),
-      "job.yaml: missing required key 'model.vae' (a Wan VAE model directory or a vae job's run directory)");
+  EXPECT_EQ(parse_error(wan),
+            "job.yaml: missing required key 'model.vae' (a Wan VAE model directory or a vae job's run "
+            "directory, or an inline WanVAE_ config whose weights are drawn from the seed)");
   const JobConfig c = parse_config(wan, "job.yaml", {"model.vae=runs/vae", "model.text_encoder.d_model=8"});
   EXPECT_EQ(c.model.vae, "runs/vae");
+  EXPECT_TRUE(c.model.vae_config.is_null());
+  const JobConfig inline_vae =
+      parse_config(wan, "job.yaml", {"model.vae.z_dim=4", "model.text_encoder.d_model=8"});
+  EXPECT_EQ(inline_vae.model.vae, "");
+  EXPECT_EQ(inline_vae.model.vae_config["z_dim"], 4);
   EXPECT_EQ(c.model.text_encoder["d_model"], 8);
   EXPECT_EQ(c.training.flow_shift, 3.0);
   EXPECT_EQ(c.training.sample_solver, "dpm++");

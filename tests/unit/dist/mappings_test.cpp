@@ -53,6 +53,14 @@ TEST(MappingsUnderLoomRun, ForwardAndBackwardHaveTheirClosedForms) {
     EXPECT_TRUE(y.equal(input_of(0, {2, 3}).detach() * sum_r1));
     EXPECT_TRUE(backward_of(x, y, r).equal(upstream({2, 3}, r)));
   }
+  {  // sum over the region: sum forward; backward sums the ranks' gradients too.
+    auto x = input_of(r, {2, 3});
+    auto y = sum_over_region(x, comm);
+    EXPECT_TRUE(y.equal(input_of(0, {2, 3}).detach() * sum_r1));
+    auto expected = at::zeros({2, 3});
+    for (int64_t k = 0; k < kRanks; ++k) expected += upstream({2, 3}, k);
+    EXPECT_TRUE(backward_of(x, y, r).equal(expected));
+  }
   {  // scatter along the last dimension: this rank's chunk; backward gathers the chunks' gradients.
     auto x = input_of(0, {2, 8});
     auto y = scatter_to_region(x, comm, -1);
@@ -178,9 +186,10 @@ TEST(MappingsUnderLoomRun, AllToAllsForwardAndBackwardHaveTheirClosedForms) {
 
 TEST(Mappings, OneRankIsTheIdentity) {
   auto x = at::ones({2, 2}).set_requires_grad(true);
-  for (const auto& y : {copy_to_region(x, nullptr), reduce_from_region(x, nullptr),
-                        scatter_to_region(x, nullptr, 0), gather_from_sequence_region(x, nullptr, 1),
-                        all_to_all(x, nullptr, {2}, {2}), all_to_all_reshard(x, nullptr, 0, 1)})
+  for (const auto& y :
+       {copy_to_region(x, nullptr), reduce_from_region(x, nullptr), sum_over_region(x, nullptr),
+        scatter_to_region(x, nullptr, 0), gather_from_sequence_region(x, nullptr, 1),
+        all_to_all(x, nullptr, {2}, {2}), all_to_all_reshard(x, nullptr, 0, 1)})
     EXPECT_TRUE(y.is_same(x));
 }
 

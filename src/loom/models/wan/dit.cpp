@@ -27,6 +27,12 @@ std::shared_ptr<WanLinear> make_linear(int64_t in, int64_t out, const parallel::
   return std::make_shared<WanLinear>(in, out, /*bias=*/true, options);
 }
 
+// The options of a layer held whole on every rank.
+parallel::ParamOptions whole(parallel::ParamOptions options) {
+  options.tp = {};
+  return options;
+}
+
 }  // namespace
 
 WanPatchEmbedding::WanPatchEmbedding(const WanConfig& c, const parallel::ParamOptions& options)
@@ -68,21 +74,21 @@ at::Tensor WanTimeProjection::forward(const at::Tensor& e) const {
 }
 
 WanAttention::WanAttention(const WanConfig& c, const parallel::ParamOptions& options)
-    : num_heads(c.num_heads), head_dim(c.head_dim()) {
+    : num_heads(c.num_heads / options.tp.size()), head_dim(c.head_dim()) {
   q = register_module("q", make_linear(c.dim, c.dim, options));
   k = register_module("k", make_linear(c.dim, c.dim, options));
   v = register_module("v", make_linear(c.dim, c.dim, options));
-  o = register_module("o", make_linear(c.dim, c.dim, options));
+  o = register_module("o", std::make_shared<WanRowLinear>(c.dim, c.dim, /*bias=*/true, options));
   if (c.qk_norm) {
-    norm_q = register_module("norm_q", std::make_shared<nn::RMSNorm>(c.dim, c.eps, options));
-    norm_k = register_module("norm_k", std::make_shared<nn::RMSNorm>(c.dim, c.eps, options));
+    norm_q = register_module("norm_q", std::make_shared<nn::SplitRMSNorm>(c.dim, c.eps, options));
+    norm_k = register_module("norm_k", std::make_shared<nn::SplitRMSNorm>(c.dim, c.eps, options));
   }
 }
 
 std::array<at::Tensor, 3> WanAttention::project(const at::Tensor& x, const at::Tensor& keys_from) const {
   at::Tensor query = apply_linear(*q, x), key = apply_linear(*k, keys_from);  // [B, L, C], [B, Lk, C]
   if (norm_q) {
-    // RMSNorm over the whole width C (all heads at once), before the heads are split.
+    // RMSNorm over the whole width C (all heads at once, over every rank's), before the heads are split.
     query = norm_q->forward(query);
     key = norm_k->forward(key);
   }
@@ -94,30 +100,35 @@ std::array<at::Tensor, 3> WanAttention::project(const at::Tensor& x, const at::T
 at::Tensor WanAttention::self_attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                         const std::vector<int64_t>& cu) const {
   const int64_t batch = x.size(0), length = x.size(1);
-  auto [query, key, value] = project(x, x);  // [B, L, H, d]
+  const at::Tensor input = q->group().enter(x, 1);
+  auto [query, key, value] = project(input, input);  // [B, L, H, d]
   query = apply_rotary_interleaved(query, cos, sin);
   key = apply_rotary_interleaved(key, cos, sin);
   auto tokens = [&](const at::Tensor& t) { return t.reshape({batch * length, num_heads, head_dim}); };
   const at::Tensor attended =
-      nn::segment_attention(tokens(query), tokens(key), tokens(value), cu);          // (BL,H,d)
-  return apply_linear(*o, attended.reshape({batch, length, num_heads * head_dim}));  // [B, L, C]
+      nn::segment_attention(tokens(query), tokens(key), tokens(value), cu);  // (BL,H,d)
+  return o->forward(attended.reshape({batch, length, num_heads * head_dim}).to(o->weight.scalar_type()),
+                    1);  // [B, L, C]
 }
 
 at::Tensor WanAttention::cross_attention(const at::Tensor& x, const at::Tensor& text) const {
-  const auto [query, key, value] = project(x, text);  // [B, L, H, d], [B, text_len, H, d] x 2
+  const auto& group = q->group();
+  const auto [query, key, value] =
+      project(group.enter(x, 1), group.enter(text, 1));  // [B, L, H, d], [B, text_len, H, d] x 2
   const at::Tensor attended = models::cross_attention(query, key, value);  // [B, L, H, d]
-  return apply_linear(*o, attended.reshape({x.size(0), x.size(1), num_heads * head_dim}));
+  return o->forward(
+      attended.reshape({x.size(0), x.size(1), num_heads * head_dim}).to(o->weight.scalar_type()), 1);
 }
 
 WanAttentionBlock::WanAttentionBlock(const WanConfig& c, const parallel::ParamOptions& options) : eps(c.eps) {
   modulation = register_parameter("modulation", at::empty({1, 6, c.dim}, options.tensor_options()));
   self_attn = register_module("self_attn", std::make_shared<WanAttention>(c, options));
   if (c.cross_attn_norm)
-    norm3 = register_module("norm3", std::make_shared<nn::LayerNorm>(c.dim, c.eps, options));
+    norm3 = register_module("norm3", std::make_shared<nn::LayerNorm>(c.dim, c.eps, whole(options)));
   cross_attn = register_module("cross_attn", std::make_shared<WanAttention>(c, options));
   auto ffn = register_module("ffn", std::make_shared<nn::ModuleList>());
   ffn_in = ffn->add("0", make_linear(c.dim, c.ffn_dim, options));
-  ffn_out = ffn->add("2", make_linear(c.ffn_dim, c.dim, options));
+  ffn_out = ffn->add("2", std::make_shared<WanRowLinear>(c.ffn_dim, c.dim, /*bias=*/true, options));
 }
 
 at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& text,
@@ -138,7 +149,8 @@ at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& 
   x = x + cross_attn->cross_attention(cross_in, text);
 
   const at::Tensor ffn_in_x = layer_norm_no_affine(x, eps) * (1 + scale_2) + shift_2;
-  const at::Tensor ffn_y = apply_linear(*ffn_out, at::gelu(apply_linear(*ffn_in, ffn_in_x), "tanh"));
+  const at::Tensor hidden = at::gelu(apply_linear(*ffn_in, ffn_in->group().enter(ffn_in_x, 1)), "tanh");
+  const at::Tensor ffn_y = ffn_out->forward(hidden, 1);
   return x + ffn_y * gate_2;  // [B, L, C] float32
 }
 
@@ -158,18 +170,24 @@ WanModel::WanModel(const WanConfig& c, const parallel::ParamOptions& options) : 
   if (options.dtype != at::kFloat && options.dtype != at::kBFloat16)
     throw ModelError(
         fmt::format("Wan DiT runs in float32 or bfloat16, not {}", c10::toString(options.dtype)));
-  if (options.tp.size() > 1)
-    throw ModelError(fmt::format(
-        "Wan DiT cannot be split over {} tensor-parallel ranks: its q/k RMSNorm spans all heads (use tp 1)",
-        options.tp.size()));
-  patch_embedding = register_module("patch_embedding", std::make_shared<WanPatchEmbedding>(c, options));
-  text_embedding = register_module("text_embedding", std::make_shared<WanTextEmbedding>(c, options));
-  time_embedding = register_module("time_embedding", std::make_shared<WanTimeEmbedding>(c, options));
-  time_projection = register_module("time_projection", std::make_shared<WanTimeProjection>(c, options));
+  const int64_t tp = options.tp.size();
+  if (tp > 1 && options.tp.sequence_parallel)
+    throw ModelError(
+        "Wan DiT: sequence parallelism is not supported (its residual stream stays whole under tp)");
+  if (c.num_heads % tp != 0 || c.ffn_dim % tp != 0)
+    throw ModelError(
+        fmt::format("Wan DiT: {} tensor-parallel ranks must divide num_heads ({}) and ffn_dim ({})", tp,
+                    c.num_heads, c.ffn_dim));
+  patch_embedding =
+      register_module("patch_embedding", std::make_shared<WanPatchEmbedding>(c, whole(options)));
+  text_embedding = register_module("text_embedding", std::make_shared<WanTextEmbedding>(c, whole(options)));
+  time_embedding = register_module("time_embedding", std::make_shared<WanTimeEmbedding>(c, whole(options)));
+  time_projection =
+      register_module("time_projection", std::make_shared<WanTimeProjection>(c, whole(options)));
   auto list = register_module("blocks", std::make_shared<nn::ModuleList>());
   for (int64_t i = 0; i < c.num_layers; ++i)
     blocks.push_back(list->append(std::make_shared<WanAttentionBlock>(c, options)));
-  head = register_module("head", std::make_shared<WanHead>(c, options));
+  head = register_module("head", std::make_shared<WanHead>(c, whole(options)));
   layers_ = wan_layers(*this);
 }
 
@@ -235,6 +253,7 @@ Init init_of(const std::string& name, const at::Tensor& param) {
 
 void init_wan_parameters(WanModel& model, uint64_t seed) {
   at::NoGradGuard no_grad;
+  const auto layouts = parallel::shard_layouts(model);
   for (auto& [name, param] : named_parameters(model)) {
     const Init init = init_of(name, param);
     if (param.is_meta()) continue;
@@ -243,18 +262,22 @@ void init_wan_parameters(WanModel& model, uint64_t seed) {
     } else if (init.rule == InitRule::ones) {
       param.fill_(1.0);
     } else {
+      const auto layout = layouts.find(name);
       auto generator = at::make_generator<at::CPUGeneratorImpl>(derive_seed(seed, "init/" + name));
-      at::Tensor values = at::empty(param.sizes(), at::kFloat);
+      at::Tensor values =
+          at::empty(layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes()),
+                    at::kFloat);
       if (init.rule == InitRule::normal) {
         values.normal_(0.0, init.std, generator);
       } else {
-        // Xavier-uniform over the weight as a matrix [out, in] (the patch embedding's kernel flattened).
-        const double fan_out = static_cast<double>(param.size(0));
-        const double fan_in = static_cast<double>(param.numel()) / fan_out;
+        // Xavier-uniform over the whole weight as a matrix [out, in] (the patch embedding's kernel
+        // flattened).
+        const double fan_out = static_cast<double>(values.size(0));
+        const double fan_in = static_cast<double>(values.numel()) / fan_out;
         const double bound = std::sqrt(6.0 / (fan_in + fan_out));
         values.uniform_(-bound, bound, generator);
       }
-      param.copy_(values);
+      param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
     }
   }
 }

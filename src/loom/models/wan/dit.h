@@ -2,8 +2,11 @@
 // timestep and umT5 text features in, the flow velocity of the latent out.
 //
 // Parameters carry Wan's own names (patch_embedding.weight, blocks.{i}.self_attn.q.weight, ...,
-// head.head.weight; models/wan/names.h maps diffusers' onto them). Whole on every rank: the q/k norms
-// span all heads, so tensor parallelism is refused until their statistics are all-reduced. Float32,
+// head.head.weight; models/wan/names.h maps diffusers' onto them). Under tensor parallelism (Megatron's
+// cut) each rank holds num_heads / tp heads of every attention (q, k, v by output rows, o by input
+// columns, the q/k norms' weights by feature, their statistics over the whole width all-reduced) and
+// ffn_dim / tp of the feed-forward; the embeddings, modulation tables, norms and head are whole on every
+// rank, and so is the residual stream (no sequence parallelism). Float32,
 // or bfloat16 parameters with Wan's float32 islands: the time embedding and projection, the
 // modulation tables and arithmetic, the norms, the residual stream and the head run in float32 (the
 // weights upcast), the other linears and the attention in bfloat16.
@@ -27,8 +30,10 @@ namespace loom::models {
 
 struct WanContext;
 
-// Wan's linears: weight [out, in] and bias [out], built over a tensor-parallel group of one rank.
+// Wan's linears: weight [out, in] and bias [out]; q, k, v and ffn.0 cut by output rows over the
+// tensor-parallel group, o and ffn.2 (RowLinear) by input columns, the rest whole (a group of one).
 using WanLinear = parallel::ColumnParallelLinear;
+using WanRowLinear = parallel::RowParallelLinear;
 
 // x cast to the layer's dtype, then x W^T + b. x (..., in) -> (..., out) in the layer's dtype.
 at::Tensor apply_linear(const WanLinear& layer, const at::Tensor& x);
@@ -75,7 +80,8 @@ class WanTimeProjection : public torch::nn::Module {
 };
 
 // self_attn and cross_attn: q, k, v, o Linear(C, C) with bias; norm_q, norm_k RMSNorm over all C (every
-// head together), applied before the heads are split (absent without qk_norm).
+// head together), applied before the heads are split (absent without qk_norm). Under tensor
+// parallelism this rank's num_heads / tp heads; inputs and output whole.
 class WanAttention : public torch::nn::Module {
  public:
   WanAttention(const WanConfig& config, const parallel::ParamOptions& options);
@@ -86,12 +92,14 @@ class WanAttention : public torch::nn::Module {
   // Every token over all text_len rows of its sample's text, no rotary embedding.
   // x [B, L, C], text [B, text_len, C] -> [B, L, C] (parameter dtype).
   at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& text) const;
-  std::shared_ptr<WanLinear> q, k, v, o;
-  std::shared_ptr<nn::RMSNorm> norm_q, norm_k;  // null without qk_norm
-  int64_t num_heads, head_dim;
+  std::shared_ptr<WanLinear> q, k, v;
+  std::shared_ptr<WanRowLinear> o;
+  std::shared_ptr<nn::SplitRMSNorm> norm_q, norm_k;  // null without qk_norm
+  int64_t num_heads, head_dim;                       // this rank's heads
 
  private:
-  // x [B, L, C] -> (q, k, v) [B, L, H, head_dim] each, q and k normed; `keys_from` gives k and v.
+  // x and keys_from as q and k, v read them (entered into the tensor-parallel region) -> (q, k, v)
+  // [B, L, H, head_dim] each, q and k normed.
   std::array<at::Tensor, 3> project(const at::Tensor& x, const at::Tensor& keys_from) const;
 };
 
@@ -111,7 +119,8 @@ class WanAttentionBlock : public torch::nn::Module {
   std::shared_ptr<WanAttention> self_attn;
   std::shared_ptr<nn::LayerNorm> norm3;  // null without cross_attn_norm
   std::shared_ptr<WanAttention> cross_attn;
-  std::shared_ptr<WanLinear> ffn_in, ffn_out;  // ffn.0, ffn.2
+  std::shared_ptr<WanLinear> ffn_in;      // ffn.0
+  std::shared_ptr<WanRowLinear> ffn_out;  // ffn.2
   double eps;
 };
 
@@ -131,8 +140,9 @@ class WanHead : public torch::nn::Module {
 // blocks.{i}, head.
 class WanModel : public torch::nn::Module, public core::Model {
  public:
-  // options.dtype float32 or bfloat16; options.shapes_only builds on the meta device; options.tp must be
-  // a single rank (ModelError otherwise). Parameters are uninitialised until loaded or initialised.
+  // options.dtype float32 or bfloat16; options.shapes_only builds on the meta device; options.tp the
+  // tensor-parallel group (num_heads and ffn_dim divisible by its size, no sequence parallelism:
+  // ModelError otherwise). Parameters are uninitialised until loaded or initialised.
   WanModel(const WanConfig& config, const parallel::ParamOptions& options = {});
 
   // latents [B, C_in, T, H, W] (x_t), timesteps [B] (t = 1000 sigma; any numeric dtype), text
@@ -167,7 +177,8 @@ class WanModel : public torch::nn::Module, public core::Model {
 };
 
 // Initialises every parameter as Wan's init_weights does, each drawn from (seed, parameter name)
-// alone (models::derive_seed), so neither construction order nor depth changes a tensor: linears
+// alone (models::derive_seed), whole and then cut to this rank's slice, so neither construction order,
+// depth nor tensor parallelism changes a tensor: linears
 // xavier-uniform with zero bias; the patch embedding xavier-uniform over its [C, C_in pt ph pw] matrix;
 // the text and time embedding linears N(0, 0.02^2); head.head.weight zero; modulation tables
 // N(0, 1/C); norm weights 1, norm biases 0. A parameter no rule covers is a ModelError.

@@ -13,6 +13,7 @@
 
 #include "loom/checkpoint/safetensors.h"
 #include "loom/models/weights.h"
+#include "loom/parallel/tensor.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -208,25 +209,30 @@ void load_wan_parameters(WanModel& model, const std::string& model_dir) {
   }
   std::set<std::string> unused(names.begin(), names.end());
   at::NoGradGuard no_grad;
+  const auto layouts = parallel::shard_layouts(model);  // whole tensors in the files, slices under tp
   for (auto& [name, param] : named_parameters(model)) {
+    const auto layout = layouts.find(name);
+    const std::vector<int64_t> whole =
+        layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes());
     const auto found = file_name_of.find(name);
     if (found == file_name_of.end())
       throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})",
                                         model_dir, diffusers ? diffusers_name_from_wan(name) : name,
-                                        fmt::join(param.sizes(), "x")));
+                                        fmt::join(whole, "x")));
     const std::string& stored = found->second;
     const checkpoint::SafetensorsReader& reader = files.reader(stored);
-    if (reader.shape(stored) != param.sizes().vec())
+    if (reader.shape(stored) != whole)
       throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]",
                                         reader.path(), stored, fmt::join(reader.shape(stored), ", "),
-                                        fmt::join(param.sizes(), ", ")));
+                                        fmt::join(whole, ", ")));
     if (!checkpoint::loadable_as(reader.dtype(stored), param.scalar_type()))
       throw CheckpointError(fmt::format(
           "{}: tensor '{}' is stored as {}, which cannot load into the model's {} parameter (a mislabelled "
           "or "
           "foreign tensor)",
           reader.path(), stored, c10::toString(reader.dtype(stored)), c10::toString(param.scalar_type())));
-    param.copy_(reader.load(stored));
+    const at::Tensor values = reader.load(stored);
+    param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
     unused.erase(stored);
   }
   if (!unused.empty())

@@ -46,6 +46,8 @@ class ShardWriter {
     return shards_;
   }
   int64_t added() const { return added_; }
+  // The source index of every row written, in the order of the shards and their rows.
+  const std::vector<int64_t>& written_sources() const { return written_; }
 
  private:
   struct Pending {
@@ -67,6 +69,7 @@ class ShardWriter {
         {{"file", file},
          {"samples", p.latents.size()},
          {"latent_shape", std::vector<int64_t>(latents.sizes().begin() + 1, latents.sizes().end())}});
+    written_.insert(written_.end(), p.source.begin(), p.source.end());
     p = Pending{};
   }
 
@@ -74,6 +77,7 @@ class ShardWriter {
   std::map<int64_t, Pending> pending_;  // by latent frames
   json shards_ = json::array();
   int64_t added_ = 0;
+  std::vector<int64_t> written_;
 };
 
 // A [L, d] tensor as L lists of d numbers.
@@ -158,13 +162,7 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   }
   // Held-out captions in the order of the rows: shards of one shape each, in the order written.
   json train_shards = train.finish(), eval_shards = held_out.finish();
-  for (const json& shard : eval_shards) {
-    const checkpoint::SafetensorsReader reader(
-        (fs::path(out_dir) / shard["file"].get<std::string>()).string());
-    const at::Tensor source = reader.load("source_index");
-    for (int64_t i = 0; i < source.numel(); ++i)
-      captions.push_back(clips.eval_caption(source[i].item<int64_t>()));
-  }
+  for (int64_t source : held_out.written_sources()) captions.push_back(clips.eval_caption(source));
   const auto& vae = helpers.vae->config;
   json index = {{"format", kFormat},
                 {"version", 1},

@@ -3,8 +3,6 @@
 #include <ATen/CPUGeneratorImpl.h>
 #include <fmt/format.h>
 
-#include <filesystem>
-
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/models/wan/layers.h"
 #include "loom/models/wan/ops.h"
@@ -26,16 +24,24 @@ constexpr double kFps = 8;  // sampled clips play at this rate
 FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
                               std::shared_ptr<const data::Tokenizer> builtin_tokenizer) {
   FlowHelpers helpers;
-  const std::string vae_dir = checkpoint::resolve_model_directory(job.model.vae);
-  helpers.vae = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(vae_dir));
-  models::load_parameters(*helpers.vae, vae_dir);
+  std::string vae_dir;  // "": an inline config, its weights drawn from the seed
+  if (!job.model.vae.empty()) {
+    vae_dir = checkpoint::resolve_model_directory(job.model.vae);
+    helpers.vae = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(vae_dir));
+    models::load_parameters(*helpers.vae, vae_dir);
+  } else {
+    helpers.vae =
+        std::make_shared<models::WanVAE>(models::parse_wan_vae_config(job.model.vae_config, "model.vae"));
+    models::init_wan_vae_parameters(*helpers.vae, models::derive_seed(job.training.seed, "vae"));
+    vae_dir = "the inline config";
+  }
   helpers.vae->eval();
   for (auto& p : helpers.vae->parameters()) p.set_requires_grad(false);
   const auto& vae = helpers.vae->config;
   if (!vae.has_latent_scale())
     throw ConfigError(
-        fmt::format("model.vae: {} has no latents_mean / latents_std in its config.json (a vae job's "
-                    "checkpoints carry them)",
+        fmt::format("model.vae: {} has no latents_mean / latents_std (a vae job's checkpoints carry them; "
+                    "an inline config of z_dim 16 takes Wan2.1's)",
                     vae_dir));
   if (vae.z_dim != dit.in_dim || vae.z_dim != dit.out_dim)
     throw ConfigError(fmt::format("model.vae: {} makes latents of {} channels; the DiT takes {} and gives {}",
@@ -77,12 +83,11 @@ FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr
     throw ConfigError(
         fmt::format("data (frames {}, video_size {}): {}", generation_.frames, generation_.height, e.what()));
   }
-  TimestepSampling sampling;
-  sampling.kind = parse_timestep_sampling(t.timestep_sampling);
-  sampling.mean = t.logit_mean;
-  sampling.std = t.logit_std;
-  sampling.shift = t.flow_shift;
-  check_timestep_sampling(sampling);
+  sampling_.kind = parse_timestep_sampling(t.timestep_sampling);
+  sampling_.mean = t.logit_mean;
+  sampling_.std = t.logit_std;
+  sampling_.shift = t.flow_shift;
+  check_timestep_sampling(sampling_);
 }
 
 std::vector<int64_t> FlowMatchingTask::latent_for(int64_t frames) const {
@@ -94,11 +99,6 @@ std::vector<int64_t> FlowMatchingTask::latent_for(int64_t frames) const {
 std::optional<FlowMicroBatch> FlowMatchingTask::micro_batch(const std::vector<int64_t>& indices,
                                                             int64_t* skipped) const {
   const auto& t = job_.training;
-  TimestepSampling sampling;
-  sampling.kind = parse_timestep_sampling(t.timestep_sampling);
-  sampling.mean = t.logit_mean;
-  sampling.std = t.logit_std;
-  sampling.shift = t.flow_shift;
   FlowMicroBatch out;
   std::vector<at::Tensor> videos, noises;
   std::vector<double> sigmas;
@@ -124,7 +124,7 @@ std::optional<FlowMicroBatch> FlowMatchingTask::micro_batch(const std::vector<in
       frames = clip->frames;
     }
     CounterRng level(seed_, kSigmaStream, static_cast<uint64_t>(i));
-    sigmas.push_back(sample_sigma(sampling, level));
+    sigmas.push_back(sample_sigma(sampling_, level));
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("flow/noise/{}", i)));
     noises.push_back(at::randn(latent_for(frames), generator, at::kFloat));
@@ -171,6 +171,25 @@ core::StepData FlowMatchingTask::step_data(int64_t step) const {
     out.micro_batches.push_back(std::make_shared<FlowMicroBatch>(std::move(*batch)));
   }
   return out;
+}
+
+std::vector<std::pair<std::string, at::Tensor>> FlowMatchingTask::export_step(int64_t step) const {
+  if (layout_.data_parallel != 1)
+    throw ConfigError("data export: exports the whole step from one process (parallel.dp 1)");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  const core::StepData data = step_data(step);
+  for (size_t m = 0; m < data.micro_batches.size(); ++m) {
+    const auto& batch = static_cast<const FlowMicroBatch&>(*data.micro_batches[m]);
+    const auto [x0, text] = batch.x0.defined()
+                                ? std::pair{batch.x0, models::pad_text(batch.text, model_->config.text_len)}
+                                : encode(batch.video, batch.captions);
+    const std::string key = std::to_string(m) + ".";
+    tensors.emplace_back(key + "x0", x0.to(at::kFloat).contiguous());
+    tensors.emplace_back(key + "text", text.to(at::kFloat).contiguous());
+    tensors.emplace_back(key + "sigma", batch.sigma);
+    tensors.emplace_back(key + "noise", batch.noise);
+  }
+  return tensors;
 }
 
 std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& video,
@@ -266,22 +285,21 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
   const int64_t videos =
       std::min<int64_t>(job_.training.eval_videos, features_ ? features_->eval_size() : clips_->eval_size());
   if (videos > 0) {
-    // Clip i on data-parallel rank i mod ranks: every rank samples its share, none waits for rank 0.
-    const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
-                             (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
-                                .string();
-    nlohmann::json index = nlohmann::json::array();
-    for (int64_t i = 0; i < videos; ++i) {
-      const std::string name = fmt::format("sample-{:03d}", i),
-                        caption = features_ ? features_->eval_caption(i) : clips_->eval_caption(i);
-      const uint64_t seed = models::derive_seed(seed_, fmt::format("flow/sample/{}", i));
-      index.push_back({{"name", name}, {"caption", caption}, {"seed", seed}});
-      if (i % ranks != rank) continue;
-      const at::Tensor clip =
-          generate_videos(*model_, *helpers_.vae, *helpers_.captions, {caption}, {seed}, generation_);
-      write_clip(clip[0], dir, name, kFps);
-    }
-    if (layout_.is_main()) checkpoint::write_text_file_durable(dir + "/captions.json", index.dump(2) + "\n");
+    // Each caption sampled from its own seed.
+    auto caption = [this](int64_t i) {
+      return features_ ? features_->eval_caption(i) : clips_->eval_caption(i);
+    };
+    auto seed = [this](int64_t i) { return models::derive_seed(seed_, fmt::format("flow/sample/{}", i)); };
+    const std::string dir = write_eval_clips(
+        job_.training.output_dir, step, videos, layout_,
+        [&](int64_t i) {
+          return nlohmann::json{{"caption", caption(i)}, {"seed", seed(i)}};
+        },
+        [&](int64_t i) {
+          return generate_videos(*model_, *helpers_.vae, *helpers_.captions, {caption(i)}, {seed(i)},
+                                 generation_)[0];
+        },
+        kFps);
     e.summary += fmt::format("; {} held-out captions sampled into {}", videos, dir);
   }
   e.report = e.summary + "\n";

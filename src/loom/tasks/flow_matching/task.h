@@ -17,6 +17,7 @@
 #include "loom/models/wan/vae.h"
 #include "loom/tasks/flow_matching/features.h"
 #include "loom/tasks/flow_matching/pipeline.h"
+#include "loom/tasks/flow_matching/schedule.h"
 #include "loom/tasks/flow_matching/text_encoder.h"
 #include "loom/tasks/video/clips.h"
 
@@ -58,6 +59,11 @@ class FlowMatchingTask : public core::Task {
   // clip's caption and seed.
   core::Evaluation evaluate(int64_t step) override;
   void save_artifacts(const std::string& dir) const override {}
+  // x0 (normalised latents, encoded here when the job reads clips), text (caption features padded to
+  // text_len, the empty caption's where dropped), sigma (float64) and noise: the step's loss is the
+  // squared error of the DiT's velocity at ((1 - sigma) x0 + sigma noise, 1000 sigma, text) against
+  // noise - x0, summed over every micro-batch and divided by the noise's element count.
+  std::vector<std::pair<std::string, at::Tensor>> export_step(int64_t step) const override;
 
   const GenerationSettings& generation() const { return generation_; }
 
@@ -87,6 +93,7 @@ class FlowMatchingTask : public core::Task {
   std::shared_ptr<FeatureSet> features_;  // their pre-extracted features
   FlowHelpers helpers_;
   GenerationSettings generation_;
+  TimestepSampling sampling_;  // the training samples' noise levels
   uint64_t seed_;
 };
 

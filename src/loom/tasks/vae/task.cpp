@@ -4,7 +4,6 @@
 #include <fmt/format.h>
 
 #include <cmath>
-#include <filesystem>
 #include <vector>
 
 #include "loom/checkpoint/checkpoint_dir.h"
@@ -149,21 +148,19 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
                           samples);
   const int64_t videos = std::min<int64_t>(job_.training.eval_videos, clips_.eval_size());
   if (videos > 0) {
-    // Clip i reconstructed (through the posterior mean) on data-parallel rank i mod ranks.
-    const std::string dir = (std::filesystem::path(job_.training.output_dir) / "samples" /
-                             (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
-                                .string();
-    nlohmann::json index = nlohmann::json::array();
-    for (int64_t i = 0; i < videos; ++i) {
-      const std::string name = fmt::format("sample-{:03d}", i);
-      index.push_back({{"name", name}, {"caption", clips_.eval_caption(i)}});
-      if (i % ranks != rank) continue;
-      models::WanVaeContext context;
-      const at::Tensor& weight = model_->conv1->weight;
-      context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(weight.device(), weight.scalar_type());
-      write_clip(core::run_layers(layers, {}, {}, context).get("hidden")[0], dir, name, kFps);
-    }
-    if (layout_.is_main()) checkpoint::write_text_file_durable(dir + "/captions.json", index.dump(2) + "\n");
+    // Each clip reconstructed through the posterior mean.
+    const std::string dir = write_eval_clips(
+        job_.training.output_dir, step, videos, layout_,
+        [this](int64_t i) {
+          return nlohmann::json{{"caption", clips_.eval_caption(i)}};
+        },
+        [&](int64_t i) {
+          models::WanVaeContext context;
+          const at::Tensor& weight = model_->conv1->weight;
+          context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(weight.device(), weight.scalar_type());
+          return core::run_layers(layers, {}, {}, context).get("hidden")[0];
+        },
+        kFps);
     e.summary += fmt::format("; {} held-out clips reconstructed into {}", videos, dir);
   }
   e.report = e.summary + "\n";

@@ -8,6 +8,7 @@
 #include <map>
 #include <set>
 
+#include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/data/fashion_vqa.h"
 #include "loom/data/image/decode.h"
 #include "loom/data/image/resize.h"
@@ -73,16 +74,7 @@ data::WordTokenizer moving_fashion_tokenizer() {
 
 VideoClips::VideoClips(const config::DataSection& data, uint64_t seed)
     : seed_(seed), frames_(data.frames), size_(data.video_size), fps_(data.fps) {
-  // Called under the log's lock. A sample is named once, however many epochs skip it again.
-  skips_ = std::make_shared<data::SkipLog>(
-      64,
-      [seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](const data::SkipRecord& record) {
-        if (seen->size() > kWarnedSkips || !seen->insert({record.file, record.sample_index}).second) return;
-        if (seen->size() <= kWarnedSkips)
-          spdlog::warn("{}", record.message());
-        else
-          spdlog::warn("further skipped samples are counted, not named");
-      });
+  skips_ = std::make_shared<data::SkipLog>(64, data::warn_once_per_sample(kWarnedSkips));
   if (data.dataset == "moving_fashion") {
     tokenizer_ = std::make_shared<data::WordTokenizer>(moving_fashion_tokenizer());
     set_ = std::make_shared<data::MovingFashion>(
@@ -266,6 +258,29 @@ void write_clip(const at::Tensor& video, const std::string& dir, const std::stri
     data::encode_png_file(clip.frame_image(t), (frames / fmt::format("frame-{:04d}.png", t)).string());
   data::write_gif(clip, (std::filesystem::path(dir) / (name + ".gif")).string());
   data::write_mp4(clip, (std::filesystem::path(dir) / (name + ".mp4")).string());
+}
+
+std::string write_eval_clips(const std::string& output_dir, int64_t step, int64_t count,
+                             const core::Layout& layout,
+                             const std::function<nlohmann::json(int64_t)>& describe,
+                             const std::function<at::Tensor(int64_t)>& make, double fps) {
+  const std::string dir = (std::filesystem::path(output_dir) / "samples" /
+                           (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
+                              .string();
+  const int64_t ranks = layout.data ? layout.data->size() : 1, rank = layout.data_rank();
+  const bool writer = !layout.tp || layout.tp->rank() == 0;
+  nlohmann::json index = nlohmann::json::array();
+  for (int64_t i = 0; i < count; ++i) {
+    const std::string name = fmt::format("sample-{:03d}", i);
+    nlohmann::json entry = describe(i);
+    entry["name"] = name;
+    index.push_back(std::move(entry));
+    if (i % ranks != rank) continue;
+    const at::Tensor clip = make(i);
+    if (writer) write_clip(clip, dir, name, fps);
+  }
+  if (layout.is_main()) checkpoint::write_text_file_durable(dir + "/captions.json", index.dump(2) + "\n");
+  return dir;
 }
 
 }  // namespace loom::tasks

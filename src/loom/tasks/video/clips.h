@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "loom/config/config.h"
+#include "loom/core/layout.h"
 #include "loom/data/conversation.h"
 #include "loom/data/mix.h"
 #include "loom/data/synth/moving_fashion.h"
@@ -88,5 +89,15 @@ std::vector<uint8_t> video_bytes(const at::Tensor& video);
 // Writes video [3, T, H, W] in [-1, 1] as <dir>/<name>.gif, <dir>/<name>.mp4 and
 // <dir>/<name>/frame-NNNN.png at `fps`.
 void write_clip(const at::Tensor& video, const std::string& dir, const std::string& name, double fps);
+
+// An evaluation's clips (sampled or reconstructed): clip i of `count`, named sample-NNN, is made by
+// make(i) on data-parallel rank i mod ranks (every rank of its tensor-parallel group makes it, for the
+// model's collectives; the group's first writes it with write_clip), and the main rank writes
+// captions.json: describe(i) of every clip with its "name". Returns the folder,
+// <output_dir>/samples/step-NNNNNNNN, or <output_dir>/samples/eval for step -1 (outside training).
+std::string write_eval_clips(const std::string& output_dir, int64_t step, int64_t count,
+                             const core::Layout& layout,
+                             const std::function<nlohmann::json(int64_t)>& describe,
+                             const std::function<at::Tensor(int64_t)>& make, double fps);
 
 }  // namespace loom::tasks

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <set>
 #include <utility>
 
 #include "loom/tasks/vlm_sft/hf_files.h"
@@ -63,15 +62,7 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     : section_(data),
       tokenizer_path_(data.tokenizer),
       tokenizer_(data::load_tokenizer(data.tokenizer)),
-      // Called under the log's lock. A sample is named once, however many epochs skip it again.
-      skips_(64, [seen = std::make_shared<std::set<std::pair<std::string, int64_t>>>()](
-                     const data::SkipRecord& record) {
-        if (seen->size() > kWarnedSkips || !seen->insert({record.file, record.sample_index}).second) return;
-        if (seen->size() <= kWarnedSkips)
-          spdlog::warn("{}", record.message());
-        else
-          spdlog::warn("further skipped samples are counted, not named");
-      }) {
+      skips_(64, data::warn_once_per_sample(kWarnedSkips)) {
   data::ChatTemplateOptions options;
   options.train_on_prompt = data.train_on_prompt;
   options.image = image;

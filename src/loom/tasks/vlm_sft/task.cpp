@@ -23,8 +23,6 @@
 
 namespace loom::tasks {
 
-namespace fs = std::filesystem;
-
 namespace {
 
 // Checks that the ids the model was configured with are the tokenizer's.
@@ -109,7 +107,7 @@ std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::Mic
     throw DataError(fmt::format(
         "step {}: none of its {} samples is usable ({} over data.max_seq_len {} dropped, {} skipped)",
         step + 1, global_batch_, samples.dropped, data_section_.max_seq_len, samples.skipped));
-  if (counts) {
+  if (counts && layout_.data_rank() == 0) {  // every rank read the whole step: rank 0 counts it
     counts->truncated = samples.truncated;
     counts->dropped = samples.dropped;
     counts->skipped = samples.skipped;
@@ -152,6 +150,28 @@ std::vector<data::Batch> VlmSftTask::whole_step(int64_t step) const {
   const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()), 0,
                                      1};
   return micro_batches(step, batching, nullptr);
+}
+
+std::vector<std::pair<std::string, at::Tensor>> VlmSftTask::export_step(int64_t step) const {
+  const std::vector<data::Batch> micro_batches = whole_step(step);
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (size_t m = 0; m < micro_batches.size(); ++m) {
+    const data::Batch& b = micro_batches[m];
+    const std::string key = std::to_string(m) + ".";
+    tensors.emplace_back(key + "input_ids", b.input_ids);
+    tensors.emplace_back(key + "labels", b.labels);
+    tensors.emplace_back(key + "attention_mask", b.attention_mask);
+    tensors.emplace_back(
+        key + "position_ids",
+        models::rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, model_->config, b.cu_seqlens)
+            .position_ids);
+    if (b.pixel_values.defined() && b.pixel_values.numel() > 0) {
+      tensors.emplace_back(key + "pixel_values", b.pixel_values);
+      tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);
+    }
+    if (b.packed()) tensors.emplace_back(key + "cu_seqlens", at::tensor(b.cu_seqlens, at::kLong));
+  }
+  return tensors;
 }
 
 core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
@@ -304,58 +324,6 @@ core::Evaluation VlmSftTask::evaluate(int64_t) {
   }
   result.summary += fmt::format(", loss {:.4f}", loss);
   return result;
-}
-
-void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps) {
-  if (steps < 1) throw ConfigError(fmt::format("data export: needs --steps >= 1, got {}", steps));
-  const auto built = build_job(job, nullptr);
-  const auto& model = dynamic_cast<const models::Qwen2VLForConditionalGeneration&>(*built.model);
-  const auto& task = dynamic_cast<const VlmSftTask&>(*built.task);
-  const auto& t = job.training;
-  fs::create_directories(dir + "/model");
-  fs::create_directories(dir + "/steps");
-  checkpoint::save_safetensors(dir + "/model/model.safetensors", models::named_parameters(model),
-                               {{"format", "pt"}});
-  checkpoint::write_text_file_durable(dir + "/model/config.json", model.hf_config().dump(2) + "\n");
-  const nlohmann::json settings = {{"steps", t.steps},
-                                   {"exported_steps", steps},
-                                   {"global_batch_size", t.global_batch_size},
-                                   {"micro_batch_size", t.micro_batch_size},
-                                   {"lr", t.lr},
-                                   {"min_lr", t.min_lr},
-                                   {"warmup_steps", t.warmup_steps},
-                                   {"weight_decay", t.weight_decay},
-                                   {"adam_beta1", t.adam_beta1},
-                                   {"adam_beta2", t.adam_beta2},
-                                   {"adam_eps", t.adam_eps},
-                                   {"clip_grad", t.clip_grad},
-                                   {"precision", t.precision},
-                                   {"packing", job.data.packing},
-                                   {"threads", at::get_num_threads()}};
-  checkpoint::write_text_file_durable(dir + "/job.json", settings.dump(2) + "\n");
-  for (int64_t step = 0; step < steps; ++step) {
-    const std::vector<data::Batch> micro_batches = task.whole_step(step);
-    std::vector<std::pair<std::string, at::Tensor>> tensors;
-    for (size_t m = 0; m < micro_batches.size(); ++m) {
-      const data::Batch& b = micro_batches[m];
-      const std::string key = std::to_string(m) + ".";
-      tensors.emplace_back(key + "input_ids", b.input_ids);
-      tensors.emplace_back(key + "labels", b.labels);
-      tensors.emplace_back(key + "attention_mask", b.attention_mask);
-      tensors.emplace_back(
-          key + "position_ids",
-          models::rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, model.config, b.cu_seqlens)
-              .position_ids);
-      if (b.pixel_values.defined() && b.pixel_values.numel() > 0) {
-        tensors.emplace_back(key + "pixel_values", b.pixel_values);
-        tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);
-      }
-      if (b.packed()) tensors.emplace_back(key + "cu_seqlens", at::tensor(b.cu_seqlens, at::kLong));
-    }
-    checkpoint::save_safetensors(fmt::format("{}/steps/step-{:06d}.safetensors", dir, step + 1), tensors);
-  }
-  spdlog::info("exported the initial weights and {} steps of {} samples to {}", steps, t.global_batch_size,
-               dir);
 }
 
 }  // namespace loom::tasks

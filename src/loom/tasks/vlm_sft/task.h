@@ -43,6 +43,10 @@ class VlmSftTask : public core::Task {
   // the weights (hf_files.h); generation_config.json is init_from's when it has one.
   void save_artifacts(const std::string& dir) const override;
 
+  // input_ids, labels, attention_mask, M-RoPE position_ids, pixel_values and image_grid_thw (with
+  // images), cu_seqlens (packed).
+  std::vector<std::pair<std::string, at::Tensor>> export_step(int64_t step) const override;
+
   // Step `step`'s micro-batches for one process holding the whole global batch.
   std::vector<data::Batch> whole_step(int64_t step) const;
 
@@ -61,11 +65,5 @@ class VlmSftTask : public core::Task {
   core::Layout layout_;  // the data-parallel group shares out the steps and the held-out set
   std::unique_ptr<JobData> data_;
 };
-
-// Writes what a peer implementation needs to train the job's model on the same batches, in one
-// process: the job's initial weights with their config (`dir`/model/), the training settings
-// (`dir`/job.json) and each of the first `steps` steps' micro-batches with their M-RoPE position
-// ids (`dir`/steps/step-NNNNNN.safetensors, tensors "<micro-batch>.<field>").
-void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps);
 
 }  // namespace loom::tasks
