@@ -38,9 +38,16 @@ std::map<std::string, parallel::ShardLayout> RMSNorm::layouts() const {
   return {{"weight", parallel::whole_layout(group_)}};
 }
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+namespace {
+
+// RMSNorm over the last dimension: the fused kernel, or its composite reference (nn::fused_kernels).
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
   return fused_kernels() ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
 }
+
+}  // namespace
+
+at::Tensor RMSNorm::forward(const at::Tensor& x) const { return rms_norm(x, weight, eps); }
 
 SplitRMSNorm::SplitRMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
     : eps(eps_), group_(options.tp), dim_(dim) {
@@ -57,8 +64,7 @@ std::map<std::string, parallel::ShardLayout> SplitRMSNorm::layouts() const {
 }
 
 at::Tensor SplitRMSNorm::forward(const at::Tensor& x) const {
-  if (group_.size() == 1)
-    return fused_kernels() ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
+  if (group_.size() == 1) return rms_norm(x, weight, eps);
   // kernels::rms_norm_composite's arithmetic, its mean taken over every rank's features.
   const at::Tensor x32 = x.to(at::promote_types(x.scalar_type(), at::kFloat));
   const at::Tensor squares = dist::sum_over_region(x32.pow(2).sum(-1, /*keepdim=*/true), group_.comm);

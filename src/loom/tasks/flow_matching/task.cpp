@@ -180,9 +180,7 @@ std::vector<std::pair<std::string, at::Tensor>> FlowMatchingTask::export_step(in
   const core::StepData data = step_data(step);
   for (size_t m = 0; m < data.micro_batches.size(); ++m) {
     const auto& batch = static_cast<const FlowMicroBatch&>(*data.micro_batches[m]);
-    const auto [x0, text] = batch.x0.defined()
-                                ? std::pair{batch.x0, models::pad_text(batch.text, model_->config.text_len)}
-                                : encode(batch.video, batch.captions);
+    const auto [x0, text] = latents_and_text(batch);
     const std::string key = std::to_string(m) + ".";
     tensors.emplace_back(key + "x0", x0.to(at::kFloat).contiguous());
     tensors.emplace_back(key + "text", text.to(at::kFloat).contiguous());
@@ -190,6 +188,11 @@ std::vector<std::pair<std::string, at::Tensor>> FlowMatchingTask::export_step(in
     tensors.emplace_back(key + "noise", batch.noise);
   }
   return tensors;
+}
+
+std::pair<at::Tensor, at::Tensor> FlowMatchingTask::latents_and_text(const FlowMicroBatch& batch) const {
+  if (batch.x0.defined()) return {batch.x0, models::pad_text(batch.text, model_->config.text_len)};
+  return encode(batch.video, batch.captions);
 }
 
 std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& video,
@@ -221,9 +224,7 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
 core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
                                               core::Carry input) {
   const auto& batch = static_cast<const FlowMicroBatch&>(micro);
-  const auto [x0, text] = batch.x0.defined()
-                              ? std::pair{batch.x0, models::pad_text(batch.text, model_->config.text_len)}
-                              : encode(batch.video, batch.captions);
+  const auto [x0, text] = latents_and_text(batch);
   core::ForwardResult out;
   out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output);
   const int64_t batch_size = x0.size(0);

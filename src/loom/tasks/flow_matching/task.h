@@ -72,6 +72,8 @@ class FlowMatchingTask : public core::Task {
   // nullopt when none is; unusable ones are added to *skipped.
   std::optional<FlowMicroBatch> micro_batch(const std::vector<int64_t>& indices, int64_t* skipped) const;
   std::vector<int64_t> latent_for(int64_t frames) const;  // [z, T', h, w] of a clip of `frames`
+  // A micro-batch's x0 and padded caption features: its pre-extracted features, or its clips encoded.
+  std::pair<at::Tensor, at::Tensor> latents_and_text(const FlowMicroBatch& batch) const;
   // The latents x0 of the clips and their padded caption features, without gradients.
   std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& video,
                                            const std::vector<std::string>& captions) const;
