@@ -254,8 +254,9 @@ struct TrainingSection {
   double sample_guidance = 5.0, sample_shift = 3.0;
   // Held-out captions sampled (flow_matching) or clips reconstructed (vae) at each evaluation.
   int64_t eval_videos = 4;
-  // task vae: the loss per pixel is the squared reconstruction error plus kl_weight x the KL divergence
-  // of the posterior from N(0, I), summed over the latent elements, per pixel.
+  // task vae: the loss per pixel is the reconstruction error (squared, or absolute for l1) plus
+  // kl_weight x the KL divergence of the posterior from N(0, I), summed over the latent elements, per pixel.
+  std::string reconstruction_loss = "mse";  // mse | l1
   double kl_weight = 1e-4;
   std::string output_dir = "runs/default";
   int64_t save_every = 0;       // 0 = save only at the end
@@ -310,6 +311,7 @@ struct TrainingSection {
     k("sample_guidance", &S::sample_guidance, ReadBy::flow_matching, at_least(0.0));
     k("sample_shift", &S::sample_shift, ReadBy::flow_matching, above(0.0));
     k("eval_videos", &S::eval_videos, ReadBy::video, at_least(int64_t{0}), at_most(int64_t{1000}));
+    k("reconstruction_loss", &S::reconstruction_loss, ReadBy::vae, one_of({"mse", "l1"}));
     k("kl_weight", &S::kl_weight, ReadBy::vae, at_least(0.0));
     k("output_dir", &S::output_dir, not_empty("a directory for checkpoints and logs"));
     k("save_every", &S::save_every, at_least(0));

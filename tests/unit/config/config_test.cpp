@@ -402,6 +402,8 @@ TEST(ParseConfigErrors, VideoKeysOnlyWhereRead) {
             "remove it");
   EXPECT_EQ(parse_error(kMinimal, {"training.kl_weight=0.1"}),
             "--set training.kl_weight=0.1: is only used by task vae, not vlm_sft; remove it");
+  EXPECT_EQ(parse_error(kMinimal, {"training.reconstruction_loss=l1"}),
+            "--set training.reconstruction_loss=l1: is only used by task vae, not vlm_sft; remove it");
   EXPECT_EQ(parse_error(kMinimal, {"data.frames=5"}),
             "--set data.frames=5: is only used by the video datasets moving_fashion and videos, not "
             "shapes_vqa; remove it");

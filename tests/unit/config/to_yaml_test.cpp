@@ -77,9 +77,10 @@ TEST(ToYaml, WritesEveryDeclaredKey) {
       // Read by the Wan DiT's family and the video tasks only (below).
       const bool video_only =
           (table == "model" && (key == "vae" || key == "text_encoder")) ||
-          (table == "training" && (key.rfind("sample_", 0) == 0 || key == "flow_shift" ||
-                                   key == "timestep_sampling" || key.rfind("logit_", 0) == 0 ||
-                                   key == "caption_dropout" || key == "eval_videos" || key == "kl_weight"));
+          (table == "training" &&
+           (key.rfind("sample_", 0) == 0 || key == "flow_shift" || key == "timestep_sampling" ||
+            key.rfind("logit_", 0) == 0 || key == "caption_dropout" || key == "eval_videos" ||
+            key == "kl_weight" || key == "reconstruction_loss"));
       EXPECT_EQ(text.find("\n  " + key + ":") != std::string::npos, !video_only) << table << "." << key;
     }
   }

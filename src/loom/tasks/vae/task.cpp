@@ -86,6 +86,11 @@ at::Tensor kl_sum(const at::Tensor& mu, const at::Tensor& log_var) {
   return 0.5 * (mu.to(at::kFloat).pow(2) + lv.exp() - 1.0 - lv).sum();
 }
 
+// The reconstruction error summed over the pixels: squared (mse) or absolute (l1).
+at::Tensor reconstruction_sum(const at::Tensor& error, const std::string& kind) {
+  return kind == "l1" ? error.abs().sum() : error.pow(2).sum();
+}
+
 }  // namespace
 
 core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
@@ -99,8 +104,8 @@ core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::
   core::Carry carry = stage.forward(std::move(input), context);
   if (stage.last) {
     const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
-    out.loss_sum =
-        error.pow(2).sum() + job_.training.kl_weight * kl_sum(carry.get("mu"), carry.get("log_var"));
+    out.loss_sum = reconstruction_sum(error, job_.training.reconstruction_loss) +
+                   job_.training.kl_weight * kl_sum(carry.get("mu"), carry.get("log_var"));
   } else {
     out.output = std::move(carry);
   }
@@ -119,8 +124,9 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     return e;
   }
   const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
-  // Sums of the squared error, the KL and the pixels, over this rank's batches.
-  at::Tensor sums = at::zeros({3}, at::kDouble);
+  // Sums of the squared error, the KL, the pixels and the training loss's reconstruction error, over
+  // this rank's batches.
+  at::Tensor sums = at::zeros({4}, at::kDouble);
   const auto& layers = model_->layers();
   const auto batches = same_shape_batches(0, samples, job_.training.micro_batch_size,
                                           [this](int64_t i) { return clips_.eval_frames(i); });
@@ -136,10 +142,11 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     sums[0] += error.pow(2).sum().item<double>();
     sums[1] += kl_sum(carry.get("mu"), carry.get("log_var")).item<double>();
     sums[2] += static_cast<double>(context.video.numel());
+    sums[3] += reconstruction_sum(error, job_.training.reconstruction_loss).item<double>();
   }
   if (layout_.data) layout_.data->all_reduce_sum({sums});
   const double pixels = sums[2].item<double>(), mse = sums[0].item<double>() / pixels;
-  const double loss = mse + job_.training.kl_weight * sums[1].item<double>() / pixels;
+  const double loss = (sums[3].item<double>() + job_.training.kl_weight * sums[1].item<double>()) / pixels;
   // PSNR on [0, 1] pixels: the error on [-1, 1] is twice as large, its square four times.
   const double psnr = 10.0 * std::log10(4.0 / std::max(mse, 1e-12));
   e.samples = samples;

@@ -1,8 +1,8 @@
 // Training a Wan VAE (task: vae) where no pretrained one exists: clips through its four layers
-// (encode, sample the posterior, decode), the loss per pixel the squared reconstruction error plus
-// kl_weight x the posterior's KL divergence from N(0, I); evaluation by the held-out loss and PSNR;
-// and every checkpoint's config.json carrying the per-channel statistics of its latents (what a
-// flow-matching job normalises them by).
+// (encode, sample the posterior, decode), the loss per pixel the reconstruction error (squared, or
+// absolute under training.reconstruction_loss: l1) plus kl_weight x the posterior's KL divergence from N(0,
+// I); evaluation by the held-out loss and PSNR; and every checkpoint's config.json carrying the per-channel
+// statistics of its latents (what a flow-matching job normalises them by).
 #pragma once
 #include <memory>
 #include <optional>
