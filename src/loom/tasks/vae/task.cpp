@@ -139,10 +139,11 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     context.video = at::stack(videos).to(weight.device(), weight.scalar_type());
     const core::Carry carry = core::run_layers(layers, {}, {}, context);
     const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
-    sums[0] += error.pow(2).sum().item<double>();
+    const double squared = error.pow(2).sum().item<double>();
+    sums[0] += squared;
     sums[1] += kl_sum(carry.get("mu"), carry.get("log_var")).item<double>();
     sums[2] += static_cast<double>(context.video.numel());
-    sums[3] += reconstruction_sum(error, job_.training.reconstruction_loss).item<double>();
+    sums[3] += job_.training.reconstruction_loss == "l1" ? error.abs().sum().item<double>() : squared;
   }
   if (layout_.data) layout_.data->all_reduce_sum({sums});
   const double pixels = sums[2].item<double>(), mse = sums[0].item<double>() / pixels;
