@@ -6,13 +6,13 @@
 #   bash bench/judge/default_job.sh OUT [--samples N] [--vae KEY=VALUE]... [--dit KEY=VALUE]...
 #
 # OUT receives the runs (vae/, features/, dit/), each phase's log, times.txt and judge.txt. --samples
-# is extract-features' count (default: the README's 16000); --vae and --dit pass --set overrides to
+# is extract-features' count (default: the README's 8000); --vae and --dit pass --set overrides to
 # the VAE job and to both DiT commands (extraction and training), for trying other settings.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 out=${1:?usage: default_job.sh OUT [--samples N] [--vae KEY=VALUE]... [--dit KEY=VALUE]...}
 shift
-samples=16000 vae_set=() dit_set=()
+samples=8000 vae_set=() dit_set=()
 while [ $# -gt 0 ]; do
   case $1 in
     --samples) samples=$2 ;;

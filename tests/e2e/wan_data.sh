@@ -51,8 +51,8 @@ expect_error "an unfinished extraction" "has no features.json" \
   "$LOOM" train "${features[@]}" --set data.features="$WORK/unfinished" --set training.output_dir="$WORK/x"
 expect_error "features of another text encoder" "made by another text encoder" \
   "$LOOM" train "${features[@]}" --set training.seed=7 --set training.output_dir="$WORK/x"
-expect_error "features of other clips" "data.frames: 5 here, but the features in $WORK/features were extracted from 9" \
-  "$LOOM" train "${features[@]}" --set data.frames=5 --set training.output_dir="$WORK/x"
+expect_error "features of other clips" "data.frames: 9 here, but the features in $WORK/features were extracted from 5" \
+  "$LOOM" train "${features[@]}" --set data.frames=9 --set training.output_dir="$WORK/x"
 
 # (2) The user's videos: the sampled clips as videos, a frame as an image, and bad files and rows.
 media="$WORK/media"
