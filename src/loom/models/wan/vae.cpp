@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "loom/checkpoint/hf_export.h"
+#include "loom/kernels/channel_norm.h"
 #include "loom/models/weights.h"
 #include "loom/nn/module_list.h"
 #include "loom/util/errors.h"
@@ -74,18 +75,14 @@ at::Tensor Conv2d::forward(const at::Tensor& x) const {
   return at::conv3d(x, weight.unsqueeze(2), bias, {1, stride, stride}, {0, padding, padding});
 }
 
-RMSNorm::RMSNorm(int64_t channels, bool images, const at::TensorOptions& options)
-    : scale(std::sqrt(static_cast<double>(channels))) {
+RMSNorm::RMSNorm(int64_t channels, bool images, const at::TensorOptions& options) {
   gamma = register_parameter(
       "gamma", images ? at::empty({channels, 1, 1}, options) : at::empty({channels, 1, 1, 1}, options));
 }
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) const {
-  const at::Tensor x32 = x.to(at::kFloat);
-  const at::Tensor norm =
-      at::norm(x32, at::Scalar(2), at::IntArrayRef{1}, /*keepdim=*/true).clamp_min(1e-12);  // [B, 1, ...]
-  return (x32 / norm * scale * gamma.to(at::kFloat)).to(x.scalar_type());
-}
+at::Tensor RMSNorm::forward(const at::Tensor& x) const { return kernels::channel_rms_norm(x, gamma, false); }
+
+at::Tensor RMSNorm::forward_silu(const at::Tensor& x) const { return kernels::channel_rms_norm(x, gamma, true); }
 
 ResidualBlock::ResidualBlock(int64_t in, int64_t out, const at::TensorOptions& options) {
   auto residual = register_module("residual", std::make_shared<nn::ModuleList>());
@@ -102,8 +99,8 @@ ResidualBlock::ResidualBlock(int64_t in, int64_t out, const at::TensorOptions& o
 }
 
 at::Tensor ResidualBlock::forward(const at::Tensor& x, CausalCache* cache) const {
-  at::Tensor h = conv1->forward(at::silu(norm1->forward(x)), cache);  // [B, out, T, H, W]
-  h = conv2->forward(at::silu(norm2->forward(h)), cache);             // dropout 0: nothing between
+  at::Tensor h = conv1->forward(norm1->forward_silu(x), cache);  // [B, out, T, H, W]
+  h = conv2->forward(norm2->forward_silu(h), cache);             // dropout 0: nothing between
   return h + (shortcut ? shortcut->forward(x) : x);
 }
 
@@ -264,7 +261,7 @@ at::Tensor Encoder3d::forward(const at::Tensor& video, CausalCache* cache) const
   at::Tensor x = conv1->forward(video, cache);  // [B, dim, T, H, W]
   for (const auto& block : downsamples) x = block->forward(x, cache);
   for (const auto& block : middle) x = block->forward(x, cache);      // [B, C, T', H/8, W/8]
-  return head_conv->forward(at::silu(head_norm->forward(x)), cache);  // [B, 2z, T', H/8, W/8]
+  return head_conv->forward(head_norm->forward_silu(x), cache);  // [B, 2z, T', H/8, W/8]
 }
 
 Decoder3d::Decoder3d(const WanVaeConfig& c, const at::TensorOptions& options) {
@@ -305,7 +302,7 @@ at::Tensor Decoder3d::forward(const at::Tensor& latents, CausalCache* cache) con
   at::Tensor x = conv1->forward(latents, cache);  // [B, C, T, h, w]
   for (const auto& block : middle) x = block->forward(x, cache);
   for (const auto& block : upsamples) x = block->forward(x, cache);   // [B, dim, T', 8h, 8w]
-  return head_conv->forward(at::silu(head_norm->forward(x)), cache);  // [B, 3, T', 8h, 8w]
+  return head_conv->forward(head_norm->forward_silu(x), cache);  // [B, 3, T', 8h, 8w]
 }
 
 }  // namespace wan_vae

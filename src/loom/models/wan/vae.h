@@ -81,14 +81,15 @@ class Conv2d : public torch::nn::Module {
 };
 
 // Wan's RMS_norm: x / max(||x||_2 over channels, 1e-12) * sqrt(C) * gamma (F.normalize: the eps is
-// on the norm, not inside a root; no bias). Statistics in float32.
+// on the norm, not inside a root; no bias). Statistics in float32; the fused kernel of
+// loom/kernels/channel_norm.h.
 class RMSNorm : public torch::nn::Module {
  public:
   // gamma [C, 1, 1, 1] for 5-D inputs (`images` false), [C, 1, 1] for 4-D ones.
   RMSNorm(int64_t channels, bool images, const at::TensorOptions& options);
-  at::Tensor forward(const at::Tensor& x) const;  // [B, C, ...] -> [B, C, ...]
+  at::Tensor forward(const at::Tensor& x) const;       // [B, C, ...] -> [B, C, ...]
+  at::Tensor forward_silu(const at::Tensor& x) const;  // silu(forward(x)), fused
   at::Tensor gamma;
-  double scale;  // sqrt(C)
 };
 
 // A member of the encoder's downsamples / the decoder's middle and upsamples sequences.
