@@ -1,10 +1,11 @@
 // Fused kernels against their composite references (Google Benchmark): attention forward +
 // backward, causal, at seq 4096 and head_dim 128, and over 8 packed samples of the same total
 // length (varlen: the work follows the sum of squared sample lengths); RMSNorm, SwiGLU and the
-// rotary embedding, forward + backward, on 8192 rows; the VAE's channel norm + SiLU on one activation; the LM head with its cross-entropy, chunked
-// against whole logits; AdamW, one multi-tensor pass against the composite per tensor. Counters: tokens/s,
-// and the bytes each keeps besides its inputs and outputs (the composite's score and probability matrices;
-// flash attention's per-query log-sum-exp and softmax correction, O(seq)).
+// rotary embedding, forward + backward, on 8192 rows; the VAE's channel norm + SiLU on one
+// activation; the LM head with its cross-entropy, chunked against whole logits; AdamW, one
+// multi-tensor pass against the composite per tensor. Counters: tokens/s, and the bytes each
+// keeps besides its inputs and outputs (the composite's score and probability matrices; flash
+// attention's per-query log-sum-exp and softmax correction, O(seq)).
 //
 //   OPENBLAS_CORETYPE=SkylakeX build/loom_bench_kernels [--benchmark_filter=Attention]
 #include <ATen/ATen.h>
@@ -259,7 +260,9 @@ BENCHMARK_TEMPLATE(LayerNorm, 2)->Name("LayerNorm/aten")->Unit(benchmark::kMilli
 BENCHMARK_TEMPLATE(Swiglu, true)->Name("Swiglu/fused")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Swiglu, false)->Name("Swiglu/composite")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(ChannelRmsNormSilu, true)->Name("ChannelRmsNormSilu/fused")->Unit(benchmark::kMillisecond);
-BENCHMARK_TEMPLATE(ChannelRmsNormSilu, false)->Name("ChannelRmsNormSilu/composite")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(ChannelRmsNormSilu, false)
+    ->Name("ChannelRmsNormSilu/composite")
+    ->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Rotary, true)->Name("Rotary/fused")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Rotary, false)->Name("Rotary/composite")->Unit(benchmark::kMillisecond);
 

@@ -31,8 +31,9 @@ struct Layout {
 
 Layout layout_of(const at::Tensor& x, const at::Tensor& gamma) {
   if (x.dim() < 3 || gamma.numel() != x.size(1))
-    throw ModelError(fmt::format("channel_rms_norm: x [{}] must be [B, C, ...] with gamma of C elements, got {}",
-                                 fmt::join(x.sizes(), ", "), gamma.numel()));
+    throw ModelError(
+        fmt::format("channel_rms_norm: x [{}] must be [B, C, ...] with gamma of C elements, got {}",
+                    fmt::join(x.sizes(), ", "), gamma.numel()));
   return {x.size(0), x.size(1), x.numel() / (x.size(0) * x.size(1))};
 }
 
@@ -46,8 +47,9 @@ LOOM_VECTOR_CLONES void sigmoid_run(const float* n, float* s, int64_t m) {
 // One task's run of m positions: x points at channel 0 of the run, planes `stride` apart.
 // factor[i] = sqrt(C) / max(||x_i||, eps); y = gamma * x * factor (rounded to bf16 when `round`),
 // then silu.
-LOOM_VECTOR_CLONES void forward_run(const float* x, const float* gamma, float* y, float* factor, int64_t channels,
-                                    int64_t stride, int64_t m, float scale, bool silu, bool round) {
+LOOM_VECTOR_CLONES void forward_run(const float* x, const float* gamma, float* y, float* factor,
+                                    int64_t channels, int64_t stride, int64_t m, float scale, bool silu,
+                                    bool round) {
   float sum[kChunk] = {}, n[kChunk], s[kChunk];
   for (int64_t c = 0; c < channels; ++c) {
     const float* xc = x + c * stride;
@@ -152,8 +154,8 @@ class ChannelRmsNormFunction : public torch::autograd::Function<ChannelRmsNormFu
         const int64_t b = t / l.chunks(), start = (t % l.chunks()) * kChunk;
         const int64_t offset = b * l.channels * l.positions + start;
         backward_run(xp + offset, gp, dyp + offset, fp + b * l.positions + start, dxp + offset,
-                     pp + t * l.channels, l.channels, l.positions, std::min(kChunk, l.positions - start), scale,
-                     silu, round);
+                     pp + t * l.channels, l.channels, l.positions, std::min(kChunk, l.positions - start),
+                     scale, silu, round);
       }
     });
     return {dx.to(saved[0].scalar_type()), partial.sum(0).view(saved[1].sizes()).to(saved[1].scalar_type()),
@@ -175,7 +177,8 @@ at::Tensor channel_rms_norm_composite(const at::Tensor& x, const at::Tensor& gam
   layout_of(x, gamma);
   const auto compute = at::promote_types(x.scalar_type(), at::kFloat);
   const at::Tensor x32 = x.to(compute);
-  const at::Tensor norm = at::norm(x32, at::Scalar(2), at::IntArrayRef{1}, /*keepdim=*/true).clamp_min(kMinNorm);
+  const at::Tensor norm =
+      at::norm(x32, at::Scalar(2), at::IntArrayRef{1}, /*keepdim=*/true).clamp_min(kMinNorm);
   std::vector<int64_t> shape(x.dim(), 1);
   shape[1] = x.size(1);
   const at::Tensor normed =

@@ -26,7 +26,8 @@ struct Case {
 };
 
 void expect_matches_composite(const Case& c, double out_tol, double grad_tol) {
-  const std::string what = fmt::format("[{}] {} silu {}", fmt::join(c.shape, ","), c10::toString(c.dtype), c.silu);
+  const std::string what =
+      fmt::format("[{}] {} silu {}", fmt::join(c.shape, ","), c10::toString(c.dtype), c.silu);
   std::vector<int64_t> gamma_shape(c.shape.size() - 1, 1);
   gamma_shape[0] = c.shape[1];
   auto x = (at::randn(c.shape) * 3.0).to(c.dtype).set_requires_grad(true);

@@ -159,10 +159,12 @@ TEST(VideoClips, DecodesVideosAndImagesToTheClipSizeAndSkipsUnusableFilesByKind)
     } else {
       EXPECT_EQ(clip->frames, 5);
     }
-    if (auto c = colour.find(clip->caption); c != colour.end())
-      for (size_t p = 0; p < clip->rgb.size(); p += 3)
+    if (auto c = colour.find(clip->caption); c != colour.end()) {
+      for (size_t p = 0; p < clip->rgb.size(); p += 3) {
         ASSERT_EQ((std::vector<uint8_t>{clip->rgb[p], clip->rgb[p + 1], clip->rgb[p + 2]}), c->second)
             << clip->caption << " at byte " << p;
+      }
+    }
   }
   EXPECT_EQ(usable, 6);
   EXPECT_EQ(images, 2);

@@ -82,7 +82,9 @@ RMSNorm::RMSNorm(int64_t channels, bool images, const at::TensorOptions& options
 
 at::Tensor RMSNorm::forward(const at::Tensor& x) const { return kernels::channel_rms_norm(x, gamma, false); }
 
-at::Tensor RMSNorm::forward_silu(const at::Tensor& x) const { return kernels::channel_rms_norm(x, gamma, true); }
+at::Tensor RMSNorm::forward_silu(const at::Tensor& x) const {
+  return kernels::channel_rms_norm(x, gamma, true);
+}
 
 ResidualBlock::ResidualBlock(int64_t in, int64_t out, const at::TensorOptions& options) {
   auto residual = register_module("residual", std::make_shared<nn::ModuleList>());
@@ -260,8 +262,8 @@ Encoder3d::Encoder3d(const WanVaeConfig& c, const at::TensorOptions& options) {
 at::Tensor Encoder3d::forward(const at::Tensor& video, CausalCache* cache) const {
   at::Tensor x = conv1->forward(video, cache);  // [B, dim, T, H, W]
   for (const auto& block : downsamples) x = block->forward(x, cache);
-  for (const auto& block : middle) x = block->forward(x, cache);      // [B, C, T', H/8, W/8]
-  return head_conv->forward(head_norm->forward_silu(x), cache);  // [B, 2z, T', H/8, W/8]
+  for (const auto& block : middle) x = block->forward(x, cache);  // [B, C, T', H/8, W/8]
+  return head_conv->forward(head_norm->forward_silu(x), cache);   // [B, 2z, T', H/8, W/8]
 }
 
 Decoder3d::Decoder3d(const WanVaeConfig& c, const at::TensorOptions& options) {
@@ -301,8 +303,8 @@ Decoder3d::Decoder3d(const WanVaeConfig& c, const at::TensorOptions& options) {
 at::Tensor Decoder3d::forward(const at::Tensor& latents, CausalCache* cache) const {
   at::Tensor x = conv1->forward(latents, cache);  // [B, C, T, h, w]
   for (const auto& block : middle) x = block->forward(x, cache);
-  for (const auto& block : upsamples) x = block->forward(x, cache);   // [B, dim, T', 8h, 8w]
-  return head_conv->forward(head_norm->forward_silu(x), cache);  // [B, 3, T', 8h, 8w]
+  for (const auto& block : upsamples) x = block->forward(x, cache);  // [B, dim, T', 8h, 8w]
+  return head_conv->forward(head_norm->forward_silu(x), cache);      // [B, 3, T', 8h, 8w]
 }
 
 }  // namespace wan_vae
