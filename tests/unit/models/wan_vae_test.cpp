@@ -126,7 +126,8 @@ TEST(WanVaeConfig, RefusesWhatItCannotRun) {
   };
   const std::vector<Refusal> cases = {
       {"attn_scales", {0.5}, "config.json: attn_scales: must be empty, got [0.5]"},
-      {"dim_mult", {1, 2, 4}, "config.json: dim_mult: must have 4 levels"},
+      {"dim_mult", {1, 2, 4, 4, 4}, "config.json: dim_mult: must have 2 to 4 levels"},
+      {"dim_mult", {1}, "config.json: dim_mult: must have 2 to 4 levels"},
       {"dim_mult", {1, 0, 4, 4}, "config.json: dim_mult: must be positive"},
       {"temperal_downsample",
        {false, true},
@@ -181,6 +182,73 @@ TEST(WanVaeConfig, PublishedVaeBuildsShapesOnly) {
   EXPECT_EQ(shapes["decoder.upsamples.11.resample.1.weight"], (std::vector<int64_t>{96, 192, 3, 3}));
   EXPECT_EQ(shapes["decoder.upsamples.14.residual.6.weight"], (std::vector<int64_t>{96, 96, 3, 3, 3}));
   EXPECT_EQ(shapes.count("decoder.upsamples.15.residual.0.gamma"), 0u);
+}
+
+// Fewer levels compress the sides less (2^(levels - 1)), as upstream's code builds them: its decoder
+// halves the input width of levels 1..3 by hand, which fits the upsample before each for 2 to 4 levels.
+// The expected shapes are read off upstream's Encoder3d / Decoder3d for dim 8, num_res_blocks 1.
+TEST(WanVaeConfig, TwoOrThreeLevelsBuildAndRoundTrip) {
+  at::NoGradGuard no_grad;
+  struct Levels {
+    std::vector<int64_t> dim_mult;
+    std::vector<bool> temporal;
+    int64_t spatial, latent_frames;
+    std::map<std::string, std::vector<int64_t>> shapes;
+  };
+  const std::vector<Levels> cases = {
+      {{1, 2, 2},
+       {true, true},
+       4,
+       2,
+       {{"encoder.downsamples.2.shortcut.weight", {16, 8, 1, 1, 1}},
+        {"encoder.downsamples.3.time_conv.weight", {16, 16, 3, 1, 1}},
+        {"encoder.downsamples.4.residual.6.weight", {16, 16, 3, 3, 3}},
+        {"encoder.head.2.weight", {8, 16, 3, 3, 3}},
+        {"decoder.conv1.weight", {16, 4, 3, 3, 3}},
+        {"decoder.upsamples.2.resample.1.weight", {8, 16, 3, 3}},
+        {"decoder.upsamples.3.shortcut.weight", {16, 8, 1, 1, 1}},
+        {"decoder.upsamples.5.time_conv.weight", {32, 16, 3, 1, 1}},
+        {"decoder.upsamples.6.residual.2.weight", {8, 8, 3, 3, 3}},
+        {"decoder.upsamples.7.residual.6.weight", {8, 8, 3, 3, 3}},
+        {"decoder.head.2.weight", {3, 8, 3, 3, 3}}}},
+      {{1, 2},
+       {false},
+       2,
+       5,
+       {{"encoder.downsamples.1.resample.1.weight", {8, 8, 3, 3}},
+        {"encoder.downsamples.2.shortcut.weight", {16, 8, 1, 1, 1}},
+        {"decoder.conv1.weight", {16, 4, 3, 3, 3}},
+        {"decoder.upsamples.2.resample.1.weight", {8, 16, 3, 3}},
+        {"decoder.upsamples.4.residual.6.weight", {8, 8, 3, 3, 3}},
+        {"decoder.head.2.weight", {3, 8, 3, 3, 3}}}},
+  };
+  for (const auto& l : cases) {
+    const std::string what = fmt::format("dim_mult [{}]", fmt::join(l.dim_mult, ", "));
+    nlohmann::json json = fixture_config_json();
+    json["dim_mult"] = l.dim_mult;
+    json["temperal_downsample"] = l.temporal;
+    const WanVaeConfig c = parse_wan_vae_config(json, "config.json");
+    EXPECT_EQ(c.spatial_factor(), l.spatial) << what;
+    EXPECT_EQ(c.latent_frames(5), l.latent_frames) << what;
+    auto model = std::make_shared<WanVAE>(c);
+    init_wan_vae_parameters(*model, 3);
+    std::map<std::string, std::vector<int64_t>> shapes;
+    for (const auto& [name, p] : named_parameters(*model)) shapes[name] = p.sizes().vec();
+    for (const auto& [name, shape] : l.shapes) EXPECT_EQ(shapes[name], shape) << what << " " << name;
+    // Past the encoder's last level, nothing.
+    EXPECT_EQ(shapes.count(fmt::format("encoder.downsamples.{}.residual.0.gamma", 2 * l.dim_mult.size() - 1)),
+              0u)
+        << what;
+
+    const at::Tensor video = at::rand({2, 3, 5, 16, 16}) * 2 - 1;
+    const VaeEncoding chunked = model->encode(video), whole = model->encode(video, false);
+    const std::vector<int64_t> latent = {2, kZ, l.latent_frames, 16 / l.spatial, 16 / l.spatial};
+    EXPECT_EQ(chunked.mu.sizes().vec(), latent) << what;
+    EXPECT_LE(max_abs_diff(what + " mu chunked vs whole", chunked.mu, whole.mu), kRegrouped);
+    const at::Tensor decoded = model->decode(chunked.mu), decoded_whole = model->decode(chunked.mu, false);
+    EXPECT_EQ(decoded.sizes(), video.sizes()) << what;
+    EXPECT_LE(max_abs_diff(what + " decoded chunked vs whole", decoded, decoded_whole), kRegrouped);
+  }
 }
 
 class WanVaeTiny : public ::testing::Test {

@@ -395,7 +395,7 @@ WanVAE::WanVAE(const WanVaeConfig& c, const parallel::ParamOptions& options) : c
 }
 
 at::Tensor WanVAE::checked_video(const at::Tensor& video) const {
-  const int64_t f = WanVaeConfig::kSpatialFactor;
+  const int64_t f = config.spatial_factor();
   if (!video.defined() || video.dim() != 5 || video.size(1) != 3 || video.size(2) < 1)
     throw ModelError(
         fmt::format("Wan VAE encode: expected a video [B, 3, T >= 1, H, W], got [{}]",

@@ -1,5 +1,6 @@
 // Wan2.1's causal 3D video VAE (WanVAE_ of wan/modules/vae.py): a video [B, 3, T, H, W] in [-1, 1]
-// becomes latents [B, z, 1 + (T-1)/4, H/8, W/8] and back, every convolution causal in time.
+// becomes latents [B, z, 1 + (T-1)/4, H/8, W/8] and back, every convolution causal in time. (Sides
+// compress 2^(levels - 1)x, config.spatial_factor(): 8 for Wan2.1's four levels, written as 8 below.)
 //
 // Parameters carry Wan's own names (encoder.downsamples.{k}.residual.2.weight, conv1.weight,
 // decoder.upsamples.{k}.time_conv.bias, ...; tests/fixtures/wan-tiny/vae/state_dict.txt). A frozen
@@ -196,7 +197,7 @@ class WanVAE : public torch::nn::Module, public core::Model {
   // be a single rank (ModelError otherwise). Parameters are uninitialised until loaded or initialised.
   WanVAE(const WanVaeConfig& config, const parallel::ParamOptions& options = {});
 
-  // video [B, 3, T, H, W] in [-1, 1], H and W multiples of 8 -> raw mu and log_var
+  // video [B, 3, T, H, W] in [-1, 1], H and W multiples of 8 (the spatial factor) -> raw mu and log_var
   // [B, z, T_lat, H/8, W/8], T_lat = config.latent_frames(T). Only the first 1 + 4 * ((T-1)/4) frames
   // are encoded (upstream drops the rest silently; so does this). `chunked`: frame 0, then 4 frames
   // at a time with causal caches (upstream's way, memory bounded by one chunk); otherwise one pass.

@@ -64,11 +64,12 @@ WanVaeConfig parse_wan_vae_config(const json& config, const std::string& source)
        {std::pair{"dim", c.dim}, {"z_dim", c.z_dim}, {"num_res_blocks", c.num_res_blocks}})
     if (value <= 0) throw r.error(key, fmt::format("must be positive, got {}", value));
   // Upstream's decoder halves the input width of levels 1, 2 and 3 by hand (what the previous
-  // upsampling left), so only four levels build consistent shapes.
-  if (c.dim_mult.size() != 4)
-    throw r.error("dim_mult",
-                  fmt::format("must have 4 levels (upstream's decoder is built for four), got [{}]",
-                              fmt::join(c.dim_mult, ", ")));
+  // upsampling left), so two to four levels build consistent shapes; a fifth would not.
+  if (c.dim_mult.size() < 2 || c.dim_mult.size() > 4)
+    throw r.error(
+        "dim_mult",
+        fmt::format("must have 2 to 4 levels (upstream's decoder is built for at most four), got [{}]",
+                    fmt::join(c.dim_mult, ", ")));
   for (int64_t m : c.dim_mult)
     if (m <= 0)
       throw r.error("dim_mult", fmt::format("must be positive, got [{}]", fmt::join(c.dim_mult, ", ")));

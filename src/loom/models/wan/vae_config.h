@@ -10,7 +10,7 @@ namespace loom::models {
 struct WanVaeConfig {
   int64_t dim = 96;                           // base width; level widths are dim * dim_mult
   int64_t z_dim = 16;                         // latent channels (the encoder head emits 2 * z_dim)
-  std::vector<int64_t> dim_mult{1, 2, 4, 4};  // four levels: 8x spatial compression
+  std::vector<int64_t> dim_mult{1, 2, 4, 4};  // 2 to 4 levels, each after the first halving the sides
   int64_t num_res_blocks = 2;                 // per encoder level; the decoder has one more
   std::vector<double> attn_scales;            // always empty (see parse_wan_vae_config)
   std::vector<bool> temperal_downsample{false, true, true};  // per level transition (Wan's spelling);
@@ -22,9 +22,10 @@ struct WanVaeConfig {
   bool has_latent_scale() const { return !latents_mean.empty(); }
   nlohmann::json hf;  // the config.json this was read from (fields Loom does not use are kept on save)
 
-  // 2^(levels that downsample time): 4 for Wan2.1. Spatial compression is always 8 (four levels).
+  // 2^(levels that downsample time): 4 for Wan2.1.
   int64_t temporal_factor() const;
-  static constexpr int64_t kSpatialFactor = 8;
+  // 2^(levels - 1): 8 for Wan2.1's four levels.
+  int64_t spatial_factor() const { return int64_t{1} << (dim_mult.size() - 1); }
   // The encoder reads a clip as frame 0, then chunks of 4 frames (upstream's fixed chunking, also
   // for the full-sequence pass): of `frames`, it keeps the first 1 + 4 * ((frames - 1) / 4) and drops
   // the rest, as upstream does silently.
@@ -43,9 +44,10 @@ std::vector<double> wan21_latents_std();
 // attn_scales, temperal_downsample, dropout; all required but dropout and attn_scales), plus optional
 // latents_mean / latents_std (both or neither; neither: Wan2.1's statistics for z_dim 16, else none).
 // `_class_name`, when present, must be WanVAE_ (or WanVAE): diffusers' AutoencoderKLWan layout is
-// refused. Refused too, with one line naming `source` and the key: dim_mult of other than four levels
-// (upstream's decoder hard-codes the channel halving of levels 1..3), a temperal_downsample of other
-// than len(dim_mult) - 1 entries or with all three true (a 4-frame chunk cannot be downsampled 8x in
+// refused. Refused too, with one line naming `source` and the key: dim_mult of other than 2 to 4
+// levels (upstream's decoder halves the input width of levels 1..3 by hand, what the upsampling
+// before each left; a fifth level would not get its halving), a temperal_downsample of other than
+// len(dim_mult) - 1 entries or with more than two true (a 4-frame chunk cannot be downsampled 8x in
 // time), non-empty attn_scales (upstream's chunked encode cannot run attention
 // between levels), dropout other than 0.
 WanVaeConfig parse_wan_vae_config(const nlohmann::json& config, const std::string& source);

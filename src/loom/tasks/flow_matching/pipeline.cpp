@@ -20,7 +20,7 @@ std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::Wan
                                   const GenerationSettings& s) {
   const auto& c = vae.config;
   const auto& patch = dit.config.patch_size;
-  const int64_t spatial = models::WanVaeConfig::kSpatialFactor;
+  const int64_t spatial = c.spatial_factor();
   if (s.frames < 1 || models::WanVaeConfig::encoded_frames(s.frames) != s.frames)
     throw ConfigError(fmt::format("frames: a Wan VAE makes 1 + 4k frames (5, 9, 13, ...), not {}", s.frames));
   const int64_t latent_frames = c.latent_frames(s.frames);

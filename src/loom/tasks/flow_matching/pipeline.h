@@ -18,8 +18,9 @@
 namespace loom::tasks::flow_matching {
 
 struct GenerationSettings {
-  int64_t frames = 9, height = 48, width = 48;  // frames 1 + 4k, sides multiples of 8 x the DiT's patch
-  double guidance = 5.0;                        // 1: the conditional velocity alone
+  // frames 1 + 4k; sides multiples of the VAE's spatial factor x the DiT's patch
+  int64_t frames = 9, height = 48, width = 48;
+  double guidance = 5.0;  // 1: the conditional velocity alone
   SamplingOptions sampling;
 };
 

@@ -32,9 +32,9 @@ VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> m
   if (models::WanVaeConfig::encoded_frames(frames) != frames)
     throw ConfigError(
         fmt::format("data.frames: a Wan VAE encodes 1 + 4k frames (5, 9, 13, ...), got {}", frames));
-  if (clips_.height() % models::WanVaeConfig::kSpatialFactor != 0)
+  if (clips_.height() % model_->config.spatial_factor() != 0)
     throw ConfigError(fmt::format("data.video_size: a Wan VAE takes sides that are multiples of {}, got {}",
-                                  models::WanVaeConfig::kSpatialFactor, clips_.height()));
+                                  model_->config.spatial_factor(), clips_.height()));
 }
 
 std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& indices, bool with_noise,
@@ -50,8 +50,7 @@ std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& in
     videos.push_back(video_tensor(*clip));
     if (!with_noise) continue;
     const std::vector<int64_t> latent = {c.z_dim, c.latent_frames(clip->frames),
-                                         clip->height / models::WanVaeConfig::kSpatialFactor,
-                                         clip->width / models::WanVaeConfig::kSpatialFactor};
+                                         clip->height / c.spatial_factor(), clip->width / c.spatial_factor()};
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("vae/noise/{}", i)));
     noises.push_back(at::randn(latent, generator, at::kFloat));

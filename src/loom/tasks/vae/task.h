@@ -24,7 +24,8 @@ struct VaeMicroBatch : core::MicroBatch {
 
 class VaeTask : public core::Task {
  public:
-  // ConfigError when the clips do not fit the VAE (frames 1 + 4k, sides multiples of 8).
+  // ConfigError when the clips do not fit the VAE (frames 1 + 4k, sides multiples of the VAE's spatial
+  // factor).
   VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model, const core::Layout& layout);
 
   core::StepData step_data(int64_t step) const override;
