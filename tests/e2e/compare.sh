@@ -11,8 +11,9 @@ source "$(dirname "$0")/lib.bash"
   { cat "$WORK/compare.log"; fail "bench/compare"; }
 "$SRC/bench/compare" "$SRC/configs/wan-moving-fashion.yaml" --loom "$LOOM" --rounds 1 --steps 2 --warmup 1 \
   --threads 1 --set training.global_batch_size=4 --set training.micro_batch_size=2 --set data.features= \
-  --set 'model.vae={dim: 8, z_dim: 16, dim_mult: [1, 2, 2, 2], num_res_blocks: 1, attn_scales: [],
-    temperal_downsample: [false, true, true]}' > "$WORK/compare-wan.log" 2>&1 ||
+  --set 'model.vae={dim: 8, z_dim: 4, dim_mult: [1, 2, 2], num_res_blocks: 1, attn_scales: [],
+    temperal_downsample: [true, true], latents_mean: [0, 0, 0, 0],
+    latents_std: [1, 1, 1, 1]}' > "$WORK/compare-wan.log" 2>&1 ||
   { cat "$WORK/compare-wan.log"; fail "bench/compare (Wan)"; }
 for log in compare compare-wan; do
 python3 - "$WORK/$log.log" <<'PY'

@@ -39,7 +39,7 @@ grep -q "eval: held-out loss .* reconstruction PSNR .* dB on 4 clips; 1 held-out
 python3 - "$WORK/vae/step-00000004/config.json" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-assert len(config["latents_mean"]) == len(config["latents_std"]) == 16, config
+assert len(config["latents_mean"]) == len(config["latents_std"]) == 4, config
 assert all(s > 0 for s in config["latents_std"]), config
 PY
 for layout in dp zero1 zero3; do
