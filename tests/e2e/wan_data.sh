@@ -110,7 +110,8 @@ cp -r "$WORK/vae/step-00000004" "$WORK/vae-wide"
 python3 - "$WORK/vae-wide/config.json" <<'PY'
 import json, sys
 config = json.load(open(sys.argv[1]))
-config["base_dim" if "base_dim" in config else "dim"] = 16
+key = "base_dim" if "base_dim" in config else "dim"
+config[key] *= 2
 json.dump(config, open(sys.argv[1], "w"))
 PY
 expect_error "a VAE whose weights disagree with its config" "$WORK/vae-wide" \
