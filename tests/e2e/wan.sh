@@ -1,7 +1,8 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
 # process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor parallelism over
-# two ranks), with the one-process losses (1e-5 relative: only the summation order over ranks differs). The DiT's evaluation samples a held-out
+# two ranks) and the DiT with full recompute, with the one-process losses (1e-5 relative: only the
+# summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
 shrink=(--set tools.progress_bar=false --set tools.log_every=1 --set data.eval_samples=4 --set data.num_workers=0
@@ -64,6 +65,10 @@ for layout in dp zero1 zero3 tp2; do
   train "dit-$layout" 2 "${dit[@]}" "${extra[@]}"
   same_losses "dit-$layout" dit
 done
+# Full recompute of the DiT's blocks: the same losses (the gradients of the embeddings that feed every
+# block, the text's and the timestep's, are summed in another order, so the weights agree to rounding).
+train dit-recompute 1 "${dit[@]}" --set features.recompute=full --set training.eval_videos=0
+same_losses dit-recompute dit
 # Under tp both ranks sample the clip (the DiT's collectives) and the first writes it.
 [ -s "$WORK/dit-tp2/samples/step-00000004/sample-000.gif" ] || fail "no clip sampled under tp 2"
 if "$LOOM" train "${vae[@]}" --set parallel.tp=2 --set training.output_dir="$WORK/x" 2> "$WORK/err"; then

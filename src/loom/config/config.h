@@ -215,14 +215,17 @@ struct ParallelSection {
 };
 
 struct FeaturesSection {
-  std::string recompute = "none";  // only none for now
-  bool fused_kernels = true;       // Loom's fused CPU kernels (flash attention) instead of composites
+  // none | full: each recomputed block keeps only its inputs and runs its forward again in backward.
+  std::string recompute = "none";
+  int64_t recompute_layers = 0;  // the first this many blocks of each stage; 0: every block
+  bool fused_kernels = true;     // Loom's fused CPU kernels (flash attention) instead of composites
 
   template <class Keys>
   static void keys(Keys& k) {
     using namespace key;
     using S = FeaturesSection;
-    k("recompute", &S::recompute, one_of({"none"}));
+    k("recompute", &S::recompute, one_of({"none", "full"}));
+    k("recompute_layers", &S::recompute_layers, at_least(0));
     k("fused_kernels", &S::fused_kernels);
   }
 };

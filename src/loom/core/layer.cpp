@@ -27,20 +27,41 @@ at::Tensor Carry::take(const std::string& name) {
 
 namespace {
 
+// What the chain's `next` keeps of one layer's run: its own copies, so it can be called again after
+// run_layers has returned.
+struct ChainCall {
+  RunnerChain runners;
+  std::shared_ptr<const Layer> layer;
+  std::shared_ptr<const Context> context;
+};
+
 // The chain from runner `index` on, ending in the layer's own forward.
-Carry run_from(const RunnerChain& runners, size_t index, const Layer& layer, Carry carry,
-               const Context& context) {
-  if (index == runners.size()) return layer.forward(std::move(carry), context);
-  return runners[index]->run(layer, std::move(carry), [&](Carry c) {
-    return run_from(runners, index + 1, layer, std::move(c), context);
+Carry run_from(const std::shared_ptr<const ChainCall>& call, size_t index, Carry carry) {
+  if (index == call->runners.size()) return call->layer->forward(std::move(carry), *call->context);
+  return call->runners[index]->run(*call->layer, std::move(carry), [call, index](Carry c) {
+    return run_from(call, index + 1, std::move(c));
   });
 }
 
 }  // namespace
 
-Carry run_layers(const Layers& layers, const RunnerChain& runners, Carry carry, const Context& context) {
+Carry run_layers(const Layers& layers, const RunnerChain& runners, Carry carry,
+                 std::shared_ptr<const Context> context) {
+  for (const auto& layer : layers) {
+    if (!layer->active(carry, *context)) continue;
+    if (runners.empty()) {
+      carry = layer->forward(std::move(carry), *context);
+      continue;
+    }
+    auto call = std::make_shared<const ChainCall>(ChainCall{runners, layer, context});
+    carry = run_from(call, 0, std::move(carry));
+  }
+  return carry;
+}
+
+Carry run_layers(const Layers& layers, Carry carry, const Context& context) {
   for (const auto& layer : layers)
-    if (layer->active(carry, context)) carry = run_from(runners, 0, *layer, std::move(carry), context);
+    if (layer->active(carry, context)) carry = layer->forward(std::move(carry), context);
   return carry;
 }
 

@@ -81,15 +81,21 @@ class LayerRunner {
  public:
   virtual ~LayerRunner() = default;
   // Runs `layer` on `carry` through `next` (the rest of the chain, then the layer itself) and
-  // returns the carry it gives.
+  // returns the carry it gives. `next` may be copied, kept and called again after `run` returns
+  // (recompute runs it once more in backward): it owns what it needs, the layer and the context
+  // included, and runners inside it see each of those calls.
   virtual Carry run(const Layer& layer, Carry carry, const std::function<Carry(Carry)>& next) = 0;
 };
 
 // The runners every layer of a stage goes through, outermost first.
 using RunnerChain = std::vector<std::shared_ptr<LayerRunner>>;
 
-// Each active layer in turn, through the chain.
-Carry run_layers(const Layers& layers, const RunnerChain& runners, Carry carry, const Context& context);
+// Each active layer in turn, through the chain. The chain's `next` may outlive the call (see
+// LayerRunner::run), so it shares the context.
+Carry run_layers(const Layers& layers, const RunnerChain& runners, Carry carry,
+                 std::shared_ptr<const Context> context);
+// The same without runners, over a borrowed context (inference, the VAE's encode and decode).
+Carry run_layers(const Layers& layers, Carry carry, const Context& context);
 
 // A contiguous run of a model's layers that one rank runs, with the runners they go through. The
 // first stage starts from an empty carry; the last one's carry ends in the task's loss.
@@ -98,8 +104,8 @@ struct Stage {
   RunnerChain runners;
   bool first = true, last = true;
 
-  Carry forward(Carry carry, const Context& context) const {
-    return run_layers(layers, runners, std::move(carry), context);
+  Carry forward(Carry carry, std::shared_ptr<const Context> context) const {
+    return run_layers(layers, runners, std::move(carry), std::move(context));
   }
 };
 

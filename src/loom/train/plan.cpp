@@ -10,6 +10,7 @@
 #include <tuple>
 
 #include "loom/dist/grad_reducer.h"
+#include "loom/memory/recompute.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/parallel/tensor.h"
 #include "loom/train/schedule.h"
@@ -382,6 +383,9 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   if (p.zero != 0 && !data)
     spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard", p.zero);
   plan.gradients = std::move(sync);
+  // Recompute sits inside FSDP, which gathers the layer again before its backward recomputes it.
+  if (auto recompute = memory::recompute_runner(job.features, layers))
+    runners.push_back(std::move(recompute));
   // One stage, every layer (pipeline parallelism is refused before the plan is applied).
   plan.stages.push_back(core::Stage{layers, std::move(runners), true, true});
   return plan;

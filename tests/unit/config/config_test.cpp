@@ -285,8 +285,15 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
       "videos");
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
-  EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full}\n"),
-            "job.yaml: features.recompute: 'full' is not one of none");
+  EXPECT_EQ(parse_error(kMinimal + "features: {recompute: block}\n"),
+            "job.yaml: features.recompute: 'block' is not one of none, full");
+  EXPECT_EQ(parse_error(kMinimal + "features: {recompute_layers: 2}\n"),
+            "job.yaml: features.recompute_layers: is used only with features.recompute full; it is none");
+  EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full, recompute_layers: -1}\n"),
+            "job.yaml: features.recompute_layers: must be >= 0, got -1");
+  EXPECT_EQ(parse_config(kMinimal + "features: {recompute: full, recompute_layers: 3}\n", "job.yaml")
+                .features.recompute_layers,
+            3);
   EXPECT_EQ(parse_error(with_training("  task: dpo\n")),
             "job.yaml: training.task: 'dpo' is not one of vlm_sft, flow_matching, vae");
   EXPECT_EQ(parse_error(kMinimal, {"training.task=sft"}),

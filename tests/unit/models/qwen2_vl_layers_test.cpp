@@ -97,8 +97,8 @@ void check_cuts(const Qwen2VLForConditionalGeneration& model) {
   for (size_t cut = 1; cut < layers.size(); ++cut) {
     const core::Stage first{core::Layers(layers.begin(), layers.begin() + cut), {}, true, false};
     const core::Stage last{core::Layers(layers.begin() + cut, layers.end()), {}, false, true};
-    const core::Carry between = first.forward({}, *context);
-    EXPECT_TRUE(last.forward(between, *context).get("hidden").equal(whole))
+    const core::Carry between = first.forward({}, context);
+    EXPECT_TRUE(last.forward(between, context).get("hidden").equal(whole))
         << "cut before " << layers[cut]->name();
   }
   // The vision layers alone give the image embeddings.

@@ -254,7 +254,7 @@ TEST_F(UMT5Tiny, LayersGiveTheForwardResult) {
   EXPECT_TRUE(layers[1]->block());
   EXPECT_FALSE(layers[0]->block());
   const auto context = model->context(input_ids, attention_mask);
-  const at::Tensor hidden = core::run_layers(layers, {}, {}, *context).get("hidden");
+  const at::Tensor hidden = core::run_layers(layers, {}, *context).get("hidden");
   EXPECT_TRUE(at::equal(hidden, model->forward(input_ids, attention_mask)));
   EXPECT_EQ(model->hf_config()["torch_dtype"], "float32");
   EXPECT_EQ(model->freeze_examples(), (std::vector<std::string>{"shared", "encoder"}));

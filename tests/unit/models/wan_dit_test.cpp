@@ -304,7 +304,7 @@ TEST(WanDiT, ForwardEqualsTheLayersAndBatchesSamples) {
   const Inputs in;
   const at::Tensor out = model->forward(in.latents, in.timesteps, in.text);
   const auto context = model->context(in.latents, in.timesteps, in.text);
-  const at::Tensor tokens = core::run_layers(model->layers(), {}, {}, *context).get("hidden");
+  const at::Tensor tokens = core::run_layers(model->layers(), {}, *context).get("hidden");
   EXPECT_TRUE(at::equal(out, unpatchify(tokens, context->grid, model->config.patch_size, 4)));
   // Zero rows past the prompt given or left out: the same input.
   EXPECT_TRUE(at::equal(out, model->forward(in.latents, in.timesteps, pad_text({in.text[0]}, kTextLen))));
@@ -350,7 +350,7 @@ TEST(WanDiT, BackwardReachesEveryParameter) {
   model->train();
   const Inputs in;
   const auto context = model->context(in.latents, in.timesteps, in.text);
-  const at::Tensor tokens = core::run_layers(model->layers(), {}, {}, *context).get("hidden");
+  const at::Tensor tokens = core::run_layers(model->layers(), {}, *context).get("hidden");
   const at::Tensor target =
       head_tokens(in.latents, model->config.patch_size);  // the layout a loss compares in
   (tokens - target).pow(2).sum().backward();

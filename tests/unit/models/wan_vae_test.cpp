@@ -280,7 +280,7 @@ TEST_F(WanVaeTiny, LayersGiveUpstreamsPosteriorAndReconstruction) {
   for (const auto& c : kCases) {
     WanVaeContext context;
     context.video = read_f32(c.name + "_video.bin", video_shape(c.frames));
-    const core::Carry carry = core::run_layers(model->layers(), {}, {}, context);
+    const core::Carry carry = core::run_layers(model->layers(), {}, context);
     const auto lat = latent_shape(c.latent_frames);
     EXPECT_LT(max_abs_diff(c.name + " layers mu", carry.get("mu"), read_f32(c.name + "_mu.bin", lat)),
               kTolerance);
@@ -292,7 +292,7 @@ TEST_F(WanVaeTiny, LayersGiveUpstreamsPosteriorAndReconstruction) {
               kTolerance);
     // With noise, the sample is mu + exp(log_var / 2) noise, decoded.
     context.noise = at::ones(lat);
-    const core::Carry sampled = core::run_layers(model->layers(), {}, {}, context);
+    const core::Carry sampled = core::run_layers(model->layers(), {}, context);
     const at::Tensor expected = model->decode(carry.get("mu") + (0.5 * carry.get("log_var")).exp(), false);
     EXPECT_LT(max_abs_diff(c.name + " layers sampled", sampled.get("hidden"), expected), kRegrouped);
   }

@@ -36,7 +36,7 @@ std::pair<double, double> task_and_recomputed_loss(const std::string& kind) {
   models::WanVaeContext context;
   context.video = batch.video;
   context.noise = batch.noise;
-  const core::Carry carry = core::run_layers(built.model->layers(), {}, {}, context);
+  const core::Carry carry = core::run_layers(built.model->layers(), {}, context);
   const at::Tensor error = carry.get("hidden").to(at::kDouble) - batch.video.to(at::kDouble);
   const at::Tensor mu = carry.get("mu").to(at::kDouble), log_var = carry.get("log_var").to(at::kDouble);
   const double reconstruction = (kind == "l1" ? error.abs().sum() : error.pow(2).sum()).item<double>();

@@ -8,60 +8,18 @@
 
 #include <chrono>
 
-#include "loom/models/registry.h"
+#include "loom/memory/recompute.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 #include "one_process_group.h"
+#include "tiny_qwen2_vl.h"
 
 namespace loom::parallel {
 namespace {
 
-std::shared_ptr<models::Qwen2VLForConditionalGeneration> tiny_model() {
-  const nlohmann::json hf = {
-      {"model_type", "qwen2_vl"},
-      {"vocab_size", 40},
-      {"hidden_size", 32},
-      {"intermediate_size", 64},
-      {"num_hidden_layers", 2},
-      {"num_attention_heads", 4},
-      {"num_key_value_heads", 2},
-      {"tie_word_embeddings", true},
-      {"rope_scaling", {{"type", "mrope"}, {"mrope_section", {1, 1, 2}}}},
-      {"vision_start_token_id", 3},
-      {"vision_end_token_id", 4},
-      {"image_token_id", 5},
-      {"video_token_id", 6},
-      {"vision_config",
-       {{"depth", 2}, {"embed_dim", 16}, {"num_heads", 2}, {"mlp_ratio", 2}, {"hidden_size", 32}}}};
-  auto model = models::build_model(models::model_config_from_json("qwen2_vl", hf, "fsdp_test"), {});
-  models::init_parameters(*model, 3, 0.2);
-  return model;
-}
-
-// One 2x2-merged image of 4x4 patches (4 image tokens) inside 10 tokens, or text only.
-models::VisionLanguageInputs inputs(bool with_image, int64_t seed) {
-  at::manual_seed(seed);
-  models::VisionLanguageInputs in;
-  if (with_image) {
-    in.input_ids = at::tensor({7, 3, 5, 5, 5, 5, 4, 9, 11, 12}, at::kLong).view({1, -1});
-    in.pixel_values = at::randn({16, 3 * 2 * 14 * 14});
-    in.image_grid_thw = at::tensor({1, 4, 4}, at::kLong).view({1, 3});
-  } else {
-    in.input_ids = at::randint(7, 40, {1, 10}, at::kLong);
-  }
-  in.attention_mask = at::ones_like(in.input_ids);
-  return in;
-}
-
-// Every layer through `runners` (FSDP, or none), then the LM head and the mean token loss.
-at::Tensor loss(const models::Qwen2VLForConditionalGeneration& model, const models::VisionLanguageInputs& in,
-                const core::RunnerChain& runners = {}) {
-  const core::Stage stage{model.layers(), runners};
-  auto logits = model.whole_logits(stage.forward({}, *model.context(in)).get("hidden"));
-  const int64_t n = logits.size(1);
-  return at::cross_entropy_loss(logits.narrow(1, 0, n - 1).reshape({-1, logits.size(2)}),
-                                in.input_ids.narrow(1, 1, n - 1).reshape({-1}));
-}
+using testing::inputs;
+using testing::loss;
+using testing::tiny_model;
 
 std::vector<std::pair<std::string, at::Tensor>> trainable(
     const models::Qwen2VLForConditionalGeneration& model) {
@@ -115,6 +73,37 @@ void check_passes(const std::vector<std::string>& plan, const std::vector<std::s
 TEST(Fsdp, PassesGiveTheUnwrappedGradientsAndFreeTheWholeParameters) {
   check_passes({"visual.blocks.{*}", "model.layers.{*}"},
                {"root", "visual.blocks.0", "visual.blocks.1", "model.layers.0", "model.layers.1"});
+}
+
+// Recompute inside FSDP: each block is gathered again for its recompute in backward, and the shards'
+// gradients are FSDP's alone, bit for bit.
+TEST(Fsdp, RecomputeGathersTheUnitAgainAndGivesTheSameGradients) {
+  const std::vector<std::string> plan{"visual.blocks.{*}", "model.layers.{*}"};
+  auto once = tiny_model(), twice = tiny_model();
+  auto fsdp = std::make_shared<FullyShardedModel>(testing::one_process_group(), trainable(*once),
+                                                  once->layers(), plan);
+  auto fsdp_recomputed = std::make_shared<FullyShardedModel>(testing::one_process_group(), trainable(*twice),
+                                                             twice->layers(), plan);
+  config::FeaturesSection full;
+  full.recompute = "full";
+  auto recompute = memory::recompute_runner(full, twice->layers());
+  ASSERT_EQ(recompute->layers().size(), 4U);
+  const core::RunnerChain plain_chain{fsdp}, recompute_chain{fsdp_recomputed, recompute};
+  for (bool with_image : {true, false}) {
+    fsdp->begin_pass();
+    const at::Tensor plain_loss = loss(*once, inputs(with_image, 2), plain_chain);
+    plain_loss.backward();
+    fsdp->end_pass();
+    fsdp_recomputed->begin_pass();
+    const at::Tensor recomputed_loss = loss(*twice, inputs(with_image, 2), recompute_chain);
+    recomputed_loss.backward();
+    fsdp_recomputed->end_pass();
+    EXPECT_TRUE(recomputed_loss.equal(plain_loss));
+    for (const auto& [name, p] : trainable(*twice)) EXPECT_EQ(p.storage().nbytes(), 0U) << name;
+  }
+  for (size_t i = 0; i < fsdp->shards().size(); ++i)
+    EXPECT_TRUE(fsdp_recomputed->shards()[i]->grad.equal(fsdp->shards()[i]->grad))
+        << fsdp->shards()[i]->names().front();
 }
 
 // The layers around the blocks are units as well as the blocks are: the patch embedding and the

@@ -60,7 +60,7 @@ class ToyMlp : public torch::nn::Module, public core::Model {
   at::Tensor forward(const at::Tensor& x) {
     ToyContext context;
     context.x = x;
-    return predict(core::run_layers(layers_, {}, {}, context).get("hidden"));
+    return predict(core::run_layers(layers_, {}, context).get("hidden"));
   }
 
   torch::nn::Module& module() override { return *this; }
@@ -120,8 +120,8 @@ class ToyRegression : public core::Task {
   core::ForwardResult forward(const core::MicroBatch& micro, const core::Stage& stage,
                               core::Carry input) override {
     const auto& batch = static_cast<const ToyBatch&>(micro);
-    ToyContext context;
-    context.x = batch.x;
+    auto context = std::make_shared<ToyContext>();
+    context->x = batch.x;
     core::ForwardResult out;
     core::Carry carry = stage.forward(std::move(input), context);
     if (stage.last)

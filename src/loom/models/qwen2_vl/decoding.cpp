@@ -12,8 +12,7 @@ at::Tensor Qwen2VLDecoder::last_logits(const at::Tensor& hidden) const {
 
 at::Tensor Qwen2VLDecoder::run(const VisionLanguageInputs& in) {
   try {
-    return last_logits(
-        core::run_layers(model_->layers(), {}, {}, *model_->context(in, &cache_)).get("hidden"));
+    return last_logits(core::run_layers(model_->layers(), {}, *model_->context(in, &cache_)).get("hidden"));
   } catch (...) {
     cache_ = KVCache{};  // a pass cut short leaves the layers' caches uneven: start again
     throw;

@@ -126,11 +126,11 @@ at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& p
   VisionLanguageInputs vision;  // no input ids: only the vision layers run
   vision.pixel_values = pixel_values;
   vision.image_grid_thw = image_grid_thw;
-  return core::run_layers(layers_, {}, {}, *context(vision)).get("image_embeds");
+  return core::run_layers(layers_, {}, *context(vision)).get("image_embeds");
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs) const {
-  return core::run_layers(layers_, {}, {}, *context(inputs)).get("hidden");
+  return core::run_layers(layers_, {}, *context(inputs)).get("hidden");
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {

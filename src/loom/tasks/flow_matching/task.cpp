@@ -212,7 +212,7 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
   const at::Tensor xt = noised(x0, noise, s);
   const auto context =
       model_->context(xt.to(weight.scalar_type()), sigma * 1000.0, text.to(weight.scalar_type()));
-  core::Carry carry = stage.forward(std::move(input), *context);
+  core::Carry carry = stage.forward(std::move(input), context);
   if (!stage.last) {
     *output = std::move(carry);
     return {};

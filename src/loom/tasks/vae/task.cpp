@@ -95,14 +95,14 @@ at::Tensor reconstruction_sum(const at::Tensor& error, const std::string& kind) 
 core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
                                      core::Carry input) {
   const auto& batch = static_cast<const VaeMicroBatch&>(micro);
-  models::WanVaeContext context;
+  auto context = std::make_shared<models::WanVaeContext>();
   const at::Tensor& weight = model_->conv1->weight;
-  context.video = batch.video.to(weight.device(), weight.scalar_type());
-  context.noise = batch.noise.to(weight.device(), weight.scalar_type());
+  context->video = batch.video.to(weight.device(), weight.scalar_type());
+  context->noise = batch.noise.to(weight.device(), weight.scalar_type());
   core::ForwardResult out;
   core::Carry carry = stage.forward(std::move(input), context);
   if (stage.last) {
-    const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
+    const at::Tensor error = carry.get("hidden").to(at::kFloat) - context->video.to(at::kFloat);
     out.loss_sum = reconstruction_sum(error, job_.training.reconstruction_loss) +
                    job_.training.kl_weight * kl_sum(carry.get("mu"), carry.get("log_var"));
   } else {
@@ -136,7 +136,7 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     models::WanVaeContext context;
     const at::Tensor& weight = model_->conv1->weight;
     context.video = at::stack(videos).to(weight.device(), weight.scalar_type());
-    const core::Carry carry = core::run_layers(layers, {}, {}, context);
+    const core::Carry carry = core::run_layers(layers, {}, context);
     const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
     const double squared = error.pow(2).sum().item<double>();
     sums[0] += squared;
@@ -165,7 +165,7 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
           models::WanVaeContext context;
           const at::Tensor& weight = model_->conv1->weight;
           context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(weight.device(), weight.scalar_type());
-          return core::run_layers(layers, {}, {}, context).get("hidden")[0];
+          return core::run_layers(layers, {}, context).get("hidden")[0];
         },
         kFps);
     e.summary += fmt::format("; {} held-out clips reconstructed into {}", videos, dir);

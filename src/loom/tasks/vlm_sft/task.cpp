@@ -178,7 +178,7 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
                                         core::Carry input) {
   const data::Batch& batch = static_cast<const VlmMicroBatch&>(micro).batch;
   core::ForwardResult out;
-  core::Carry carry = stage.forward(std::move(input), *model_->context(model_inputs(batch)));
+  core::Carry carry = stage.forward(std::move(input), model_->context(model_inputs(batch)));
   if (stage.last)
     out.loss_sum = token_loss_sum(*model_, carry.get("hidden"), batch.labels);
   else

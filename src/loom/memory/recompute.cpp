@@ -1,0 +1,239 @@
+#include "loom/memory/recompute.h"
+
+#include <ATen/Context.h>
+#include <fmt/format.h>
+#include <spdlog/spdlog.h>
+#include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/functions/utils.h>
+#include <torch/csrc/autograd/saved_variable.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "loom/util/errors.h"
+
+namespace loom::memory {
+namespace {
+
+using torch::autograd::variable_list;
+
+// The states of the random generators a layer may draw from: the CPU's, and its device's.
+class GeneratorStates {
+ public:
+  GeneratorStates() = default;
+  explicit GeneratorStates(const core::Carry& carry) {
+    devices_.emplace_back(at::kCPU);
+    for (const auto& [name, tensor] : carry.tensors())
+      if (tensor.defined() && !tensor.device().is_cpu()) {
+        devices_.push_back(tensor.device());
+        break;
+      }
+    for (const auto& device : devices_) states_.push_back(state_of(device));
+  }
+  // Puts these states in place and hands back the ones they replaced.
+  GeneratorStates swap_in() const {
+    GeneratorStates previous;
+    previous.devices_ = devices_;
+    for (size_t i = 0; i < devices_.size(); ++i) {
+      at::Generator generator = at::globalContext().defaultGenerator(devices_[i]);
+      std::lock_guard<std::mutex> lock(generator.mutex());
+      previous.states_.push_back(generator.get_state());
+      generator.set_state(states_[i]);
+    }
+    return previous;
+  }
+
+ private:
+  static at::Tensor state_of(const at::Device& device) {
+    at::Generator generator = at::globalContext().defaultGenerator(device);
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    return generator.get_state();
+  }
+
+  std::vector<at::Device> devices_;
+  std::vector<at::Tensor> states_;
+};
+
+// While alive, the generators hold the states of a recomputed forward.
+class ReplayedGenerators {
+ public:
+  explicit ReplayedGenerators(const GeneratorStates& states) : previous_(states.swap_in()) {}
+  ~ReplayedGenerators() { previous_.swap_in(); }
+  ReplayedGenerators(const ReplayedGenerators&) = delete;
+  ReplayedGenerators& operator=(const ReplayedGenerators&) = delete;
+
+ private:
+  GeneratorStates previous_;
+};
+
+// The backward of one recomputed run: its inputs are the carry entries that need a gradient, its
+// outputs the new tensors the run made.
+class RecomputeBackward : public torch::autograd::Node {
+ public:
+  explicit RecomputeBackward(std::function<core::Carry(core::Carry)> next) : next_(std::move(next)) {}
+
+  std::string name() const override { return "loom::RecomputeBackward"; }
+
+  // Entry `name` of the input carry is differentiable input `index` (several names may share one).
+  void add_input(const std::string& name, size_t index, const at::Tensor& tensor) {
+    if (index == saved_.size()) saved_.emplace_back(tensor, /*is_output=*/false);
+    inputs_.emplace_back(name, index);
+  }
+  void keep(const std::string& name, const at::Tensor& tensor) { kept_.emplace_back(name, tensor); }
+  void add_output(const std::string& name) { outputs_.push_back(name); }
+  void set_generators(GeneratorStates states) { generators_ = std::move(states); }
+
+  variable_list apply(variable_list&& grads) override {
+    if (!next_)
+      throw ModelError("recompute: a layer's backward ran twice (its inputs were already released)");
+    std::vector<at::Tensor> leaves;
+    for (const auto& saved : saved_) {
+      at::Tensor leaf = saved.unpack().detach();
+      leaf.requires_grad_(true);
+      leaves.push_back(std::move(leaf));
+    }
+    core::Carry carry;
+    for (const auto& [name, index] : inputs_) carry.set(name, leaves[index]);
+    for (const auto& [name, tensor] : kept_) carry.set(name, tensor);
+    core::Carry out;
+    {
+      const ReplayedGenerators replay(generators_);
+      const at::AutoGradMode grad_mode(true);
+      out = next_(std::move(carry));
+    }
+    std::vector<at::Tensor> roots, root_grads;
+    for (size_t k = 0; k < outputs_.size(); ++k) {
+      if (!grads[k].defined()) continue;
+      const at::Tensor& made = out.get(outputs_[k]);
+      if (made.requires_grad()) {
+        roots.push_back(made);
+        root_grads.push_back(grads[k]);
+      }
+    }
+    if (!roots.empty()) torch::autograd::backward(roots, root_grads);
+    variable_list result;
+    for (const auto& leaf : leaves) result.push_back(leaf.grad());
+    return result;
+  }
+
+  void release_variables() override {
+    for (auto& saved : saved_) saved.reset_data();
+    kept_.clear();
+    next_ = nullptr;
+  }
+
+ private:
+  std::function<core::Carry(core::Carry)> next_;
+  std::vector<torch::autograd::SavedVariable> saved_;
+  std::vector<std::pair<std::string, size_t>> inputs_;
+  std::vector<std::pair<std::string, at::Tensor>> kept_;
+  std::vector<std::string> outputs_;
+  GeneratorStates generators_;
+};
+
+}  // namespace
+
+core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::Carry)>& next,
+                       bool has_trainable_parameters) {
+  bool input_needs_grad = false;
+  for (const auto& [name, tensor] : carry.tensors()) input_needs_grad |= tensor.requires_grad();
+  if (!at::GradMode::is_enabled() || (!input_needs_grad && !has_trainable_parameters))
+    return next(std::move(carry));
+
+  std::shared_ptr<RecomputeBackward> node(new RecomputeBackward(next), torch::autograd::deleteNode);
+  node->set_generators(GeneratorStates(carry));
+  // The run sees detached inputs, so nothing it makes is a no-grad view of a differentiable tensor;
+  // an entry it hands back unchanged is given back as the original.
+  core::Carry detached;
+  std::map<const void*, at::Tensor> original_of;
+  std::map<const void*, size_t> input_of;
+  torch::autograd::edge_list edges;
+  for (const auto& [name, tensor] : carry.tensors()) {
+    if (!tensor.defined()) {
+      detached.set(name, tensor);
+      continue;
+    }
+    at::Tensor plain = tensor.detach();
+    original_of.emplace(plain.unsafeGetTensorImpl(), tensor);
+    detached.set(name, plain);
+    if (!tensor.requires_grad()) {
+      node->keep(name, tensor);
+      continue;
+    }
+    const auto [it, added] = input_of.emplace(tensor.unsafeGetTensorImpl(), edges.size());
+    if (added) edges.push_back(torch::autograd::impl::gradient_edge(tensor));
+    node->add_input(name, it->second, tensor);
+  }
+  node->set_next_edges(std::move(edges));
+  carry = core::Carry();
+
+  core::Carry out;
+  {
+    const at::NoGradGuard no_grad;
+    out = next(std::move(detached));
+  }
+  core::Carry result;
+  std::map<const void*, at::Tensor> made;  // one output per tensor, however many names it has
+  for (const auto& [name, tensor] : out.tensors()) {
+    if (!tensor.defined() || tensor.requires_grad() || !at::isFloatingType(tensor.scalar_type())) {
+      result.set(name, tensor);
+      continue;
+    }
+    const void* impl = tensor.unsafeGetTensorImpl();
+    if (const auto it = original_of.find(impl); it != original_of.end()) {
+      result.set(name, it->second);
+      continue;
+    }
+    auto it = made.find(impl);
+    if (it == made.end()) {
+      at::Tensor output = tensor;
+      torch::autograd::set_history(output, node);
+      node->add_output(name);
+      it = made.emplace(impl, output).first;
+    }
+    result.set(name, it->second);
+  }
+  return result;
+}
+
+core::Carry RecomputeRunner::run(const core::Layer& layer, core::Carry carry,
+                                 const std::function<core::Carry(core::Carry)>& next) {
+  if (layers_.count(&layer) == 0) return next(std::move(carry));
+  bool trainable = false;
+  for (const auto& param : layer.module().parameters()) trainable |= param.requires_grad();
+  return recomputed(std::move(carry), next, trainable);
+}
+
+std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection& features,
+                                                  const core::Layers& stage_layers) {
+  if (features.recompute == "none") return nullptr;
+  if (features.recompute != "full")
+    throw ConfigError(fmt::format("features.recompute: unknown mode {}", features.recompute));
+  if (stage_layers.empty()) return nullptr;
+  std::vector<const core::Layer*> blocks;
+  for (const auto& layer : stage_layers)
+    if (layer->block()) blocks.push_back(layer.get());
+  if (blocks.empty())
+    throw ConfigError(
+        fmt::format("features.recompute: {} recomputes the model's blocks, and this model "
+                    "has none (its layers are {} ... {})",
+                    features.recompute, stage_layers.front()->name(), stage_layers.back()->name()));
+  const size_t count =
+      features.recompute_layers == 0 ? blocks.size() : static_cast<size_t>(features.recompute_layers);
+  if (count > blocks.size())
+    throw ConfigError(
+        fmt::format("features.recompute_layers: {} is more than the {} blocks of this stage ({} ... {})",
+                    count, blocks.size(), blocks.front()->name(), blocks.back()->name()));
+  spdlog::info(
+      "recompute {}: {} of {} blocks ({} ... {}) keep only their inputs and run their forward again in "
+      "backward",
+      features.recompute, count, blocks.size(), blocks.front()->name(), blocks[count - 1]->name());
+  return std::make_shared<RecomputeRunner>(
+      std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count));
+}
+
+}  // namespace loom::memory

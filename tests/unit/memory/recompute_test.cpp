@@ -1,0 +1,175 @@
+// Recompute's mechanics on small layers of known arithmetic: how often a layer's forward runs, that
+// gradients and random draws replay the plain run's exactly, what the node takes in and gives out.
+#include "loom/memory/recompute.h"
+
+#include <gtest/gtest.h>
+#include <torch/nn/modules/linear.h>
+
+#include <memory>
+#include <string>
+
+#include "loom/util/errors.h"
+
+namespace loom::memory {
+namespace {
+
+struct NoContext : core::Context {};
+
+// hidden = tanh(linear(hidden)) * (dropout mask when `drop` > 0) + shared, counting its forwards;
+// `fail_after` forwards it throws.
+class CountingLayer : public core::Layer {
+ public:
+  CountingLayer(std::string name, torch::nn::Linear linear, double drop)
+      : core::Layer(std::move(name), linear.ptr()), linear_(std::move(linear)), drop_(drop) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    ++runs;
+    if (fail_after >= 0 && runs > fail_after) throw ModelError(name() + " failed on purpose");
+    at::Tensor h = at::tanh(at::linear(carry.get("hidden"), linear_->weight, linear_->bias));
+    if (drop_ > 0) h = at::dropout(h, drop_, /*train=*/true);
+    if (carry.has("shared")) h = h + carry.get("shared");
+    carry.set("hidden", h);
+    return carry;
+  }
+  mutable int runs = 0;
+  int fail_after = -1;
+
+ private:
+  torch::nn::Linear linear_;
+  double drop_;
+};
+
+struct Stack {
+  std::vector<std::shared_ptr<CountingLayer>> counting;
+  core::Layers layers;
+  explicit Stack(int n, double drop = 0.0) {
+    at::manual_seed(11);
+    for (int i = 0; i < n; ++i) {
+      counting.push_back(
+          std::make_shared<CountingLayer>("layers." + std::to_string(i), torch::nn::Linear(6, 6), drop));
+      layers.push_back(counting.back());
+    }
+  }
+  std::vector<at::Tensor> parameters() const {
+    std::vector<at::Tensor> out;
+    for (const auto& layer : layers)
+      for (const auto& p : layer->module().parameters()) out.push_back(p);
+    return out;
+  }
+};
+
+std::shared_ptr<RecomputeRunner> runner_over(const Stack& stack, int64_t first_n) {
+  config::FeaturesSection features;
+  features.recompute = "full";
+  features.recompute_layers = first_n;
+  return recompute_runner(features, stack.layers);
+}
+
+at::Tensor input() { return at::linspace(-1.0, 1.0, 24).view({4, 6}).requires_grad_(true); }
+
+at::Tensor run(const Stack& stack, const core::RunnerChain& runners, const at::Tensor& x,
+               const at::Tensor& shared = {}) {
+  core::Carry carry;
+  carry.set("hidden", x);
+  if (shared.defined()) carry.set("shared", shared);
+  const core::Stage stage{stack.layers, runners};
+  return stage.forward(std::move(carry), std::make_shared<NoContext>()).get("hidden").pow(2).sum();
+}
+
+TEST(Recompute, ARecomputedLayerRunsForwardExactlyTwice) {
+  const Stack stack(3);
+  const auto runner = runner_over(stack, 2);  // layers 0 and 1
+  const at::Tensor loss = run(stack, {runner}, input());
+  for (const auto& layer : stack.counting) EXPECT_EQ(layer->runs, 1) << layer->name() << " after forward";
+  loss.backward();
+  EXPECT_EQ(stack.counting[0]->runs, 2);
+  EXPECT_EQ(stack.counting[1]->runs, 2);
+  EXPECT_EQ(stack.counting[2]->runs, 1);  // past recompute_layers: its saved tensors were kept
+}
+
+TEST(Recompute, WithoutGradModeTheLayerRunsOnce) {
+  const Stack stack(2);
+  const at::NoGradGuard no_grad;
+  const at::Tensor loss = run(stack, {runner_over(stack, 0)}, input());
+  EXPECT_FALSE(loss.requires_grad());
+  for (const auto& layer : stack.counting) EXPECT_EQ(layer->runs, 1);
+}
+
+TEST(Recompute, GradientsAreBitIdenticalToThePlainRun) {
+  const Stack plain(3), twice(3);
+  const at::Tensor x = input(), y = input();
+  run(plain, {}, x).backward();
+  run(twice, {runner_over(twice, 0)}, y).backward();
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+  const auto want = plain.parameters(), got = twice.parameters();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(got[i].grad().equal(want[i].grad())) << i;
+}
+
+// A layer drawing from the default generator (dropout) draws the same mask again when recomputed,
+// and the draws after backward continue as if nothing had been recomputed.
+TEST(Recompute, RandomDrawsReplayIdentically) {
+  const Stack plain(2, 0.5), twice(2, 0.5);
+  const at::Tensor x = input(), y = input();
+  at::manual_seed(5);
+  const at::Tensor plain_loss = run(plain, {}, x);
+  const at::Tensor plain_between = at::rand({8});
+  plain_loss.backward();
+  const at::Tensor plain_after = at::rand({8});
+  at::manual_seed(5);
+  const at::Tensor loss = run(twice, {runner_over(twice, 0)}, y);
+  const at::Tensor between = at::rand({8});
+  loss.backward();
+  const at::Tensor after = at::rand({8});
+  EXPECT_TRUE(loss.equal(plain_loss));
+  EXPECT_TRUE(between.equal(plain_between));
+  EXPECT_TRUE(after.equal(plain_after));
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+  const auto want = plain.parameters(), got = twice.parameters();
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_TRUE(got[i].grad().equal(want[i].grad())) << i;
+}
+
+// An entry every layer reads but none changes (as Wan's time modulation) is handed on as it was,
+// not as an output of the layer's node, and still gets its gradient.
+TEST(Recompute, PassThroughEntriesStayOutsideTheNode) {
+  const Stack plain(2), twice(2), probed(2);
+  const at::Tensor x = input(), y = input();
+  const at::Tensor shared_plain = at::full({4, 6}, 0.25).requires_grad_(true);
+  const at::Tensor shared = at::full({4, 6}, 0.25).requires_grad_(true);
+  run(plain, {}, x, shared_plain).backward();
+  const at::Tensor loss = run(twice, {runner_over(twice, 0)}, y, shared);
+  loss.backward();
+  EXPECT_TRUE(shared.grad().equal(shared_plain.grad()));
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+
+  core::Carry carry;
+  carry.set("hidden", y);
+  carry.set("shared", shared);
+  const core::Carry out = recomputed(
+      std::move(carry), [&](core::Carry c) { return probed.layers[0]->forward(std::move(c), NoContext()); },
+      true);
+  EXPECT_TRUE(out.get("shared").is_same(shared));
+  ASSERT_NE(out.get("hidden").grad_fn(), nullptr);
+  EXPECT_EQ(out.get("hidden").grad_fn()->name(), "loom::RecomputeBackward");
+  EXPECT_EQ(out.get("hidden").grad_fn()->num_inputs(), 1U);   // one output: hidden
+  EXPECT_EQ(out.get("hidden").grad_fn()->num_outputs(), 2U);  // two inputs: hidden and shared
+}
+
+TEST(Recompute, AnErrorWhileRecomputingIsTheBackwardsError) {
+  const Stack stack(2);
+  stack.counting[1]->fail_after = 1;
+  const at::Tensor loss = run(stack, {runner_over(stack, 0)}, input());
+  try {
+    loss.backward();
+    FAIL() << "backward passed over the failed recompute";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("layers.1 failed on purpose"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Recompute, NoneBuildsNoRunner) {
+  const Stack stack(2);
+  EXPECT_EQ(recompute_runner(config::FeaturesSection(), stack.layers), nullptr);
+}
+
+}  // namespace
+}  // namespace loom::memory
