@@ -14,6 +14,7 @@
 #include "loom/config/config.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
+#include "loom/memory/counting_allocator.h"
 #include "loom/tasks/registry.h"
 #include "loom/train/trainer.h"
 #include "loom/util/log.h"
@@ -58,6 +59,11 @@ nlohmann::json bench_json(const train::BenchResult& r) {
                                       {"optimizer", r.optimizer_s},
                                       {"communication", r.communication_s}})
     split[name] = {{"s", seconds}, {"share", share(seconds)}};
+  auto mib = [](int64_t bytes) { return static_cast<double>(bytes) / 1048576.0; };
+  const nlohmann::json memory = {
+      {"parameters_mib", mib(r.parameter_bytes)},          {"gradients_mib", mib(r.gradient_bytes)},
+      {"optimizer_mib", mib(r.optimizer_bytes)},           {"activations_mib", mib(r.activation_bytes)},
+      {"peak_allocated_mib", mib(r.peak_allocated_bytes)}, {"peak_rss_mib", r.peak_rss_mib}};
   return {{"steps", r.steps},
           {"warmup", r.warmup},
           {"data_parallel_ranks", r.ranks},
@@ -67,6 +73,7 @@ nlohmann::json bench_json(const train::BenchResult& r) {
           {"mfu", r.mfu},
           {"sgemm_gflops", r.sgemm_gflops},
           {"peak_rss_mib", r.peak_rss_mib},
+          {"memory", memory},
           {"time_s", r.total_s},
           {"time_split", split}};
 }
@@ -137,6 +144,9 @@ Command add_bench(CLI::App& loom) {
   command->add_option("--steps", arguments->steps, "Timed steps (default 20)");
   command->add_option("--warmup", arguments->warmup, "Untimed steps first (default 3)");
   return {command, [arguments] {
+            // Every tensor this thread allocates from here on is counted, the model's included.
+            memory::CountingAllocator::install();
+            const memory::CountingAllocator::Scope counted;
             return with_trainer(arguments->job, [&arguments](train::Trainer& trainer, bool main_rank) {
               const train::BenchResult r = trainer.bench(arguments->warmup, arguments->steps);
               if (main_rank) fmt::print("{}\n", bench_json(r).dump());

@@ -1,21 +1,35 @@
 # loom bench: one JSON object as the last line of its output, with rates, the median step time, MFU,
 # peak memory and a time split whose shares lie in [0, 1] and sum to at most 1; nothing is written
 # to the job's output directory. Under loom run -n 2 rank 0 alone prints it. Values are checked
-# for sense only: timings are machine-dependent and never asserted.
+# for sense only: timings are machine-dependent and never asserted. The memory split: parameters,
+# gradients and optimizer state add up to the model state the log reports in bytes; activations
+# and the allocated peak are counted (nonzero, the peak above the parameters and optimizer state),
+# and full recompute leaves less than a fifth of the activations the plain run does.
 source "$(dirname "$0")/lib.bash"
 "$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 4 --warmup 1 \
   --set training.output_dir="$WORK/out" --set training.threads=2 > "$WORK/one.log" 2>&1 ||
   { cat "$WORK/one.log"; fail "loom bench"; }
 [ ! -e "$WORK/out" ] || fail "loom bench wrote to the output directory"
+"$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 2 --warmup 1 --set features.recompute=full \
+  --set training.output_dir="$WORK/out" --set training.threads=2 > "$WORK/full.log" 2>&1 ||
+  { cat "$WORK/full.log"; fail "loom bench with full recompute"; }
 "$LOOM" run -n 2 -- "$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 3 --warmup 1 \
   --set training.micro_batch_size=32 --set training.output_dir="$WORK/out" > "$WORK/two.log" 2>&1 ||
   { cat "$WORK/two.log"; fail "loom bench under loom run -n 2"; }
 [ "$(grep -c '"tokens_per_s"' "$WORK/two.log")" -eq 1 ] || { cat "$WORK/two.log"; fail "not exactly one report"; }
-python3 - "$WORK/one.log" "$WORK/two.log" <<'PY'
-import json, sys
-for path, ranks in ((sys.argv[1], 1), (sys.argv[2], 2)):
+python3 - "$WORK/one.log" "$WORK/two.log" "$WORK/full.log" <<'PY'
+import json, re, sys
+def report(path):
     line = [l for l in open(path) if '"tokens_per_s"' in l][-1]
-    r = json.loads(line[line.index("{"):])
+    return json.loads(line[line.index("{"):])
+for path, ranks in ((sys.argv[1], 1), (sys.argv[2], 2)):
+    r = report(path)
+    memory = r["memory"]
+    state = int(re.search(r"model state per rank: (\d+) bytes", open(path).read()).group(1))
+    split = (memory["parameters_mib"] + memory["gradients_mib"] + memory["optimizer_mib"]) * 2**20
+    assert abs(split - state) < 1, (split, state)
+    assert memory["activations_mib"] > 0 and memory["peak_rss_mib"] == r["peak_rss_mib"], memory
+    assert memory["peak_allocated_mib"] > memory["parameters_mib"] + memory["optimizer_mib"], memory
     assert r["steps"] in (3, 4) and r["warmup"] == 1 and r["data_parallel_ranks"] == ranks, r
     for key in ("tokens_per_s", "samples_per_s", "step_time_median_s", "mfu", "sgemm_gflops", "peak_rss_mib", "time_s"):
         assert r[key] > 0, (key, r)
@@ -24,6 +38,9 @@ for path, ranks in ((sys.argv[1], 1), (sys.argv[2], 2)):
     assert all(0 <= s <= 1 for s in shares) and sum(shares) <= 1.0 + 1e-9, r
     assert r["time_split"]["forward"]["s"] > 0 and r["time_split"]["backward"]["s"] > 0, r
     print(f"{ranks} rank(s): {r['tokens_per_s']:.0f} tokens/s, median step {r['step_time_median_s']*1e3:.0f} ms, "
-          f"mfu {r['mfu']:.2f}, peak rss {r['peak_rss_mib']:.0f} MiB")
+          f"mfu {r['mfu']:.2f}, peak rss {r['peak_rss_mib']:.0f} MiB, memory {memory}")
+plain, full = report(sys.argv[1])["memory"], report(sys.argv[3])["memory"]
+assert full["activations_mib"] < 0.2 * plain["activations_mib"], (plain, full)
+print(f"activations: {plain['activations_mib']:.2f} MiB, with full recompute {full['activations_mib']:.2f} MiB")
 PY
 echo "bench: one JSON report per run, sensible fields, nothing written"

@@ -5,6 +5,7 @@
 #include <chrono>
 
 #include "loom/data/loader.h"
+#include "loom/memory/counting_allocator.h"
 #include "loom/train/flops.h"
 #include "loom/train/schedule.h"
 #include "loom/train/trainer.h"
@@ -27,10 +28,12 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   r.warmup = warmup;
   r.ranks = parts_.layout.data_parallel;
   r.sgemm_gflops = peak_flops_ / 1e9;
+  memory::CountingAllocator* counter = memory::CountingAllocator::installed();
   std::vector<double> step_times;
   double tokens = 0, samples = 0, flops = 0;
   for (int64_t i = 0; i < warmup + steps; ++i) {
     const auto begin = Clock::now();
+    if (counter) counter->reset_peak();
     const double wait_before = loader.wait_seconds();
     const core::StepData step = loader.next();
     const double data_wait = loader.wait_seconds() - wait_before;
@@ -39,6 +42,8 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
     plan_.optimizer->step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
     const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
     if (i < warmup) continue;
+    if (counter) r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, counter->peak_bytes());
+    r.activation_bytes = std::max(r.activation_bytes, stats.activation_bytes);
     step_times.push_back(seconds);
     r.total_s += seconds;
     r.data_s += data_wait;
@@ -55,6 +60,9 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   r.tokens_per_s = tokens / r.total_s;
   r.samples_per_s = samples / r.total_s;
   r.mfu = mfu(flops, r.total_s);
+  r.parameter_bytes = plan_.bytes.parameters;
+  r.gradient_bytes = plan_.bytes.gradients;
+  r.optimizer_bytes = plan_.bytes.optimizer;
   struct rusage usage {};
   ::getrusage(RUSAGE_SELF, &usage);
   r.peak_rss_mib = static_cast<double>(usage.ru_maxrss) / 1024.0;  // KiB on Linux

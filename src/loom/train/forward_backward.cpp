@@ -2,8 +2,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 
+#include "loom/memory/counting_allocator.h"
 #include "loom/util/errors.h"
 #include "loom/util/timer.h"
 
@@ -17,6 +19,7 @@ ScheduleResult forward_backward_no_pipelining(
     throw ModelError(fmt::format("forward_backward_no_pipelining runs one stage holding every layer, not {}",
                                  stages.size()));
   const core::Stage& stage = stages.front();
+  const memory::CountingAllocator* counter = memory::CountingAllocator::installed();
   ScheduleResult r;
   for (size_t m = 0; m < passes; ++m) {
     sync.begin_pass();
@@ -25,7 +28,9 @@ ScheduleResult forward_backward_no_pipelining(
       continue;
     }
     const auto forward_begin = Clock::now();
+    const int64_t allocated_before = counter ? counter->live_bytes() : 0;
     const core::ForwardResult out = forward_step(*batches[m], stage, {});
+    if (counter) r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
     r.forward_s += seconds_since(forward_begin);
     sync.before_backward(m + 1 == batches.size());
     const auto backward_begin = Clock::now();

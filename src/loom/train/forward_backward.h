@@ -24,6 +24,9 @@ struct ScheduleResult {
   double flops = 0;
   double forward_s = 0, backward_s = 0;
   double sync_s = 0;  // waited in the passes' communication (FSDP)
+  // Under a counting allocator (loom bench): the most bytes one micro-batch's forward left allocated
+  // for its backward (saved activations and the loss), 0 without one.
+  int64_t activation_bytes = 0;
 };
 
 // One stage holding every layer: each micro-batch in turn, forward then backward of its loss sum

@@ -189,6 +189,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   StepStats stats;
   stats.forward_s = r.forward_s;
   stats.backward_s = r.backward_s;
+  stats.activation_bytes = r.activation_bytes;
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
   const auto totals =

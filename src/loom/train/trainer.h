@@ -33,6 +33,11 @@ struct BenchResult {
   int64_t steps = 0, warmup = 0, ranks = 1;
   double tokens_per_s = 0, samples_per_s = 0, step_time_median_s = 0, mfu = 0, sgemm_gflops = 0;
   double peak_rss_mib = 0;
+  // Bytes: the model state from the plan (this rank's), the most a micro-batch's forward left
+  // allocated for its backward, and the peak allocated in a timed step (with the model state), both
+  // counted by loom bench's allocator (0 without it).
+  int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
+  int64_t activation_bytes = 0, peak_allocated_bytes = 0;
   double total_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, communication_s = 0;
 };
 
@@ -74,6 +79,7 @@ class Trainer {
     double flops = 0;
     double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
     double forward_s = 0, backward_s = 0;
+    int64_t activation_bytes = 0;  // ScheduleResult's
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The memory table of docs/memory.md: `loom bench` of one job under each memory setting, alternating
+# over ROUNDS rounds on this machine, with the median of each figure. A setting is a name and its
+# --set options; by default none and full recompute (and full recompute of half the blocks when
+# HALF names their count). Prints a Markdown table, each row's activation cut and extra step time
+# against the first row, and, as the last line, one JSON object with those ratios. With --check, it
+# exits non-zero unless full recompute cuts the activations by at least 60% for at most 40% more
+# step time (the memory issue's bar; a measurement, not a test: never run by ctest).
+#   bash bench/memory.sh [CONFIG] [--check] [--set key=value ...]
+# Knobs: LOOM (binary, default build/loom), ROUNDS (3), STEPS (5 timed), WARMUP (1), HALF.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+LOOM=${LOOM:-build/loom}
+ROUNDS=${ROUNDS:-3}
+STEPS=${STEPS:-5}
+WARMUP=${WARMUP:-1}
+CONFIG=configs/bench-qwen2vl-100m.yaml
+if [ $# -gt 0 ] && [ "${1#--}" = "$1" ]; then CONFIG=$1; shift; fi
+CHECK=0
+if [ "${1:-}" = --check ]; then CHECK=1; shift; fi
+WORK=$(mktemp -d)
+trap 'rm -rf "$WORK"' EXIT
+settings=("none|" "full|--set features.recompute=full")
+[ -z "${HALF:-}" ] || settings+=("full, first $HALF blocks|--set features.recompute=full --set features.recompute_layers=$HALF")
+for round in $(seq 1 "$ROUNDS"); do
+  for i in "${!settings[@]}"; do
+    read -r -a extra <<< "${settings[$i]#*|}"
+    "$LOOM" bench "$CONFIG" --steps "$STEPS" --warmup "$WARMUP" "$@" "${extra[@]}" > "$WORK/$i-$round.log" 2>&1 ||
+      { cat "$WORK/$i-$round.log"; echo "memory: loom bench failed (${settings[$i]%%|*})" >&2; exit 1; }
+    echo "round $round: ${settings[$i]%%|*} done" >&2
+  done
+done
+printf '%s\n' "${settings[@]}" | cut -d'|' -f1 > "$WORK/names"
+python3 - "$WORK" "$ROUNDS" "$CHECK" "$CONFIG" <<'PY'
+import json, statistics, sys
+work, rounds, check, config = sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1", sys.argv[4]
+names = open(f"{work}/names").read().splitlines()
+def report(i, r):
+    line = [l for l in open(f"{work}/{i}-{r}.log") if '"tokens_per_s"' in l][-1]
+    return json.loads(line[line.index("{"):])
+rows = []
+for i, name in enumerate(names):
+    reports = [report(i, r) for r in range(1, rounds + 1)]
+    median = lambda f: statistics.median(f(x) for x in reports)
+    rows.append({"setting": name,
+                 **{k: median(lambda x: x["memory"][k]) for k in reports[0]["memory"]},
+                 "step_s": median(lambda x: x["step_time_median_s"])})
+base = rows[0]
+print(f"{config}, {rounds} rounds, medians")
+print("| setting | parameters MiB | gradients MiB | optimizer MiB | activations MiB | peak allocated MiB | peak RSS MiB | step s | activations cut | extra step time |")
+print("|---|---|---|---|---|---|---|---|---|---|")
+ratios = {}
+for row in rows:
+    cut = 1 - row["activations_mib"] / base["activations_mib"]
+    extra = row["step_s"] / base["step_s"] - 1
+    ratios[row["setting"]] = {"activations_cut": round(cut, 4), "extra_step_time": round(extra, 4)}
+    print(f"| {row['setting']} | {row['parameters_mib']:.1f} | {row['gradients_mib']:.1f} | {row['optimizer_mib']:.1f} | "
+          f"{row['activations_mib']:.1f} | {row['peak_allocated_mib']:.1f} | {row['peak_rss_mib']:.0f} | {row['step_s']:.2f} | "
+          f"{cut:.0%} | {extra:+.0%} |")
+print(json.dumps(ratios))
+if check:
+    full = ratios["full"]
+    ok = full["activations_cut"] >= 0.60 and full["extra_step_time"] <= 0.40
+    print(f"check: full recompute cuts {full['activations_cut']:.0%} (>= 60%) for {full['extra_step_time']:+.0%} step time (<= +40%): {'met' if ok else 'NOT met'}")
+    sys.exit(0 if ok else 1)
+PY
