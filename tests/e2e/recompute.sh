@@ -1,7 +1,7 @@
-# Full recompute (features.recompute: full) gives the plain run's numbers bit for bit: the tiny shapes
-# job, 20 fp32 steps, one process (every block, and the first 3 of its 5), FSDP on 2 ranks, and
-# tensor parallelism with sequence parallelism on 2 ranks, each against the same layout without
-# recompute: equal losses at every step, equal step-1 gradients (tools.dump_gradients) where the
+# Full and selective recompute (features.recompute) give the plain run's numbers bit for bit: the tiny
+# shapes job, 20 fp32 steps, one process (every block, the first 3 of its 5 recomputed wholly, and
+# every block selectively), FSDP on 2 ranks and tensor parallelism with sequence parallelism on 2
+# ranks (each wholly and selectively), against the same layout without recompute: equal losses at every step, equal step-1 gradients (tools.dump_gradients) where the
 # layout can dump them, and equal step-20 weights. bf16 in one process too. Then the one-line errors:
 # a recompute_layers above the model's block count, and a model without blocks (the Wan VAE).
 source "$(dirname "$0")/lib.bash"
@@ -17,14 +17,18 @@ full=(--set features.recompute=full)
 one one --set tools.dump_gradients=1
 one one_full --set tools.dump_gradients=1 "${full[@]}"
 one one_first3 --set tools.dump_gradients=1 "${full[@]}" --set features.recompute_layers=3
+one one_selective --set tools.dump_gradients=1 --set features.recompute=selective
 one bf16 --set training.precision=bf16
 one bf16_full --set training.precision=bf16 "${full[@]}"
 parallel_run fsdp 2 --set parallel.zero=3
 parallel_run fsdp_full 2 --set parallel.zero=3 "${full[@]}"
+parallel_run fsdp_selective 2 --set parallel.zero=3 --set features.recompute=selective
 parallel_run tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8 \
   --set tools.dump_gradients=1
 parallel_run tp2_sp_full 2 --set parallel.tp=2 --set parallel.sequence_parallel=true --set training.micro_batch_size=8 \
   --set tools.dump_gradients=1 "${full[@]}"
+parallel_run tp2_sp_selective 2 --set parallel.tp=2 --set parallel.sequence_parallel=true \
+  --set training.micro_batch_size=8 --set tools.dump_gradients=1 --set features.recompute=selective
 python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
 import os, sys
 sys.path.insert(0, sys.argv[2])
@@ -48,9 +52,12 @@ def same(plain, recomputed):
     print(line)
 same("one", "one_full")
 same("one", "one_first3")
+same("one", "one_selective")
 same("bf16", "bf16_full")
 same("fsdp", "fsdp_full")
+same("fsdp", "fsdp_selective")
 same("tp2_sp", "tp2_sp_full")
+same("tp2_sp", "tp2_sp_selective")
 PY
 grep -q "^.*recompute full: 3 of 5 blocks (visual.blocks.0 ... model.layers.0) keep only their inputs" \
   "$WORK/one_first3.log" || { cat "$WORK/one_first3.log"; fail "no recompute line"; }
@@ -71,4 +78,4 @@ set -e
 [ "$code" -ne 0 ] || fail "recompute of a model without blocks was accepted"
 grep -q "^loom: error: features.recompute: full recomputes the model's blocks, and this model has none" \
   "$WORK/vae.log" || { cat "$WORK/vae.log"; fail "no one-line error for a model without blocks"; }
-echo "recompute: one process, first 3 blocks, bf16, FSDP and tp=2 with SP give the plain runs' numbers bit for bit"
+echo "recompute: full (one process, first 3 blocks, bf16, FSDP, tp=2 with SP) and selective give the plain runs' numbers bit for bit"

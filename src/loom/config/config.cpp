@@ -396,8 +396,8 @@ void check_rules(const SectionReader& r, const ParallelSection& p) {
 void check_rules(const SectionReader& r, const FeaturesSection& f) {
   using S = FeaturesSection;
   if (f.recompute_layers != 0 && f.recompute == "none")
-    r.fail(&S::recompute_layers,
-           fmt::format("is used only with {} full; it is none", r.key_of(key::name_of(&S::recompute))));
+    r.fail(&S::recompute_layers, fmt::format("is used only with {} full or selective; it is none",
+                                             r.key_of(key::name_of(&S::recompute))));
 }
 
 void check_rules(const SectionReader& r, const TrainingSection& t) {

@@ -224,7 +224,7 @@ struct FeaturesSection {
   static void keys(Keys& k) {
     using namespace key;
     using S = FeaturesSection;
-    k("recompute", &S::recompute, one_of({"none", "full"}));
+    k("recompute", &S::recompute, one_of({"none", "full", "selective"}));
     k("recompute_layers", &S::recompute_layers, at_least(0));
     k("fused_kernels", &S::fused_kernels);
   }

@@ -200,9 +200,36 @@ core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::
   return result;
 }
 
+namespace {
+thread_local bool selective_on = false;
+}  // namespace
+
+SelectiveScope::SelectiveScope() : previous_(selective_on) { selective_on = true; }
+SelectiveScope::~SelectiveScope() { selective_on = previous_; }
+bool selective() { return selective_on; }
+
+at::Tensor checkpoint(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                      const std::vector<at::Tensor>& inputs) {
+  core::Carry carry;
+  for (size_t i = 0; i < inputs.size(); ++i) carry.set(std::to_string(i), inputs[i]);
+  const size_t count = inputs.size();
+  auto run = [fn = std::move(fn), count](core::Carry c) {
+    std::vector<at::Tensor> tensors;
+    for (size_t i = 0; i < count; ++i) tensors.push_back(c.get(std::to_string(i)));
+    core::Carry out;
+    out.set("out", fn(tensors));
+    return out;
+  };
+  return recomputed(std::move(carry), run, false).get("out");
+}
+
 core::Carry RecomputeRunner::run(const core::Layer& layer, core::Carry carry,
                                  const std::function<core::Carry(core::Carry)>& next) {
   if (layers_.count(&layer) == 0) return next(std::move(carry));
+  if (selective_) {
+    const SelectiveScope scope;
+    return next(std::move(carry));
+  }
   bool trainable = false;
   for (const auto& param : layer.module().parameters()) trainable |= param.requires_grad();
   return recomputed(std::move(carry), next, trainable);
@@ -211,7 +238,7 @@ core::Carry RecomputeRunner::run(const core::Layer& layer, core::Carry carry,
 std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection& features,
                                                   const core::Layers& stage_layers) {
   if (features.recompute == "none") return nullptr;
-  if (features.recompute != "full")
+  if (features.recompute != "full" && features.recompute != "selective")
     throw ConfigError(fmt::format("features.recompute: unknown mode {}", features.recompute));
   if (stage_layers.empty()) return nullptr;
   std::vector<const core::Layer*> blocks;
@@ -228,12 +255,13 @@ std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection&
     throw ConfigError(
         fmt::format("features.recompute_layers: {} is more than the {} blocks of this stage ({} ... {})",
                     count, blocks.size(), blocks.front()->name(), blocks.back()->name()));
-  spdlog::info(
-      "recompute {}: {} of {} blocks ({} ... {}) keep only their inputs and run their forward again in "
-      "backward",
-      features.recompute, count, blocks.size(), blocks.front()->name(), blocks[count - 1]->name());
+  const bool selective = features.recompute == "selective";
+  spdlog::info("recompute {}: {} of {} blocks ({} ... {}) {}", features.recompute, count, blocks.size(),
+               blocks.front()->name(), blocks[count - 1]->name(),
+               selective ? "run their composite attention and QuickGELU again in backward"
+                         : "keep only their inputs and run their forward again in backward");
   return std::make_shared<RecomputeRunner>(
-      std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count));
+      std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count), selective);
 }
 
 }  // namespace loom::memory

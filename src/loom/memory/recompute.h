@@ -15,6 +15,7 @@
 #include <functional>
 #include <memory>
 #include <set>
+#include <vector>
 
 #include "loom/config/config.h"
 #include "loom/core/layer.h"
@@ -27,16 +28,39 @@ namespace loom::memory {
 core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::Carry)>& next,
                        bool has_trainable_parameters);
 
-// Recomputes the layers it is given and passes every other layer straight on.
+// fn(inputs) as one recomputed unit, as `recomputed` runs a layer: backward keeps the inputs, not
+// what fn's operations save, and runs fn again. fn must own what it captures.
+at::Tensor checkpoint(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
+                      const std::vector<at::Tensor>& inputs);
+
+// Selective recompute: while a scope is alive on this thread, the operations between a layer's
+// projections that save much and cost little to run again (the composite attention's scores and
+// probabilities, the vision MLP's QuickGELU) run under `checkpoint`; nn asks `selective()`.
+class SelectiveScope {
+ public:
+  SelectiveScope();
+  ~SelectiveScope();
+  SelectiveScope(const SelectiveScope&) = delete;
+  SelectiveScope& operator=(const SelectiveScope&) = delete;
+
+ private:
+  bool previous_;
+};
+bool selective();
+
+// Recomputes the layers it is given, wholly (full) or selectively, and passes every other layer
+// straight on.
 class RecomputeRunner : public core::LayerRunner {
  public:
-  explicit RecomputeRunner(std::set<const core::Layer*> layers) : layers_(std::move(layers)) {}
+  RecomputeRunner(std::set<const core::Layer*> layers, bool selective)
+      : layers_(std::move(layers)), selective_(selective) {}
   core::Carry run(const core::Layer& layer, core::Carry carry,
                   const std::function<core::Carry(core::Carry)>& next) override;
   const std::set<const core::Layer*>& layers() const { return layers_; }
 
  private:
   std::set<const core::Layer*> layers_;
+  bool selective_;
 };
 
 // The runner `features` asks for over one stage's layers (null for recompute none): the first

@@ -8,6 +8,7 @@
 #include <map>
 
 #include "loom/kernels/attention.h"
+#include "loom/memory/recompute.h"
 #include "loom/util/errors.h"
 
 namespace loom::nn {
@@ -38,27 +39,14 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   return at::matmul(probs, v);
 }
 
-}  // namespace
-
-at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const std::vector<int64_t>& cu_seqlens, bool causal) {
-  const int64_t total = q.size(0), heads = q.size(1), kv_heads = k.size(1);
-  if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != total)
-    throw ModelError(fmt::format("segment_attention: cu_seqlens must run from 0 to {} tokens", total));
-  if (kv_heads < 1 || heads % kv_heads)
-    throw ModelError(
-        fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+at::Tensor composite_segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                       const std::vector<int64_t>& cu_seqlens, bool causal) {
+  const int64_t total = q.size(0), heads = q.size(1);
   // (S, length, H, D) -> (S, H, length, D), key/value heads repeated to the query heads.
   auto heads_first = [&](const at::Tensor& x) {
     auto t = x.transpose(1, 2);
     return x.size(2) == heads ? t : t.repeat_interleave(heads / x.size(2), 1);
   };
-  if (fused) {
-    int64_t longest = 0;
-    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
-      longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
-    if (longest >= kFlashMinLength) return kernels::flash_attention(q, k, v, cu_seqlens, {causal});
-  }
   // Group segment starts by length so each group runs as one batched product.
   std::map<int64_t, std::vector<int64_t>> starts_by_length;
   for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i) {
@@ -95,6 +83,33 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
   return out;
 }
 
+}  // namespace
+
+at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const std::vector<int64_t>& cu_seqlens, bool causal) {
+  const int64_t total = q.size(0), heads = q.size(1), kv_heads = k.size(1);
+  if (cu_seqlens.empty() || cu_seqlens.front() != 0 || cu_seqlens.back() != total)
+    throw ModelError(fmt::format("segment_attention: cu_seqlens must run from 0 to {} tokens", total));
+  if (kv_heads < 1 || heads % kv_heads)
+    throw ModelError(
+        fmt::format("attention: {} query heads are not a multiple of {} key/value heads", heads, kv_heads));
+  if (fused) {
+    int64_t longest = 0;
+    for (size_t i = 0; i + 1 < cu_seqlens.size(); ++i)
+      longest = std::max(longest, cu_seqlens[i + 1] - cu_seqlens[i]);
+    if (longest >= kFlashMinLength) return kernels::flash_attention(q, k, v, cu_seqlens, {causal});
+  }
+  // Selective recompute keeps q, k and v, not the scores, probabilities and head copies; the flash
+  // path above saves O(tokens) already.
+  if (memory::selective())
+    return memory::checkpoint(
+        [cu_seqlens, causal](const std::vector<at::Tensor>& in) {
+          return composite_segment_attention(in[0], in[1], in[2], cu_seqlens, causal);
+        },
+        {q, k, v});
+  return composite_segment_attention(q, k, v, cu_seqlens, causal);
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {
   const int64_t heads = q.size(2), kv_heads = k.size(2);
   if (heads % kv_heads)
@@ -108,14 +123,19 @@ at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::
     auto flat = [&](const at::Tensor& x) { return x.reshape({rows * length, x.size(2), x.size(3)}); };
     return kernels::flash_attention(flat(q), flat(k), flat(v), cu, {/*causal=*/true}).view(q.sizes());
   }
-  auto qh = q.transpose(1, 2);  // (B, Hq, L, D)
-  auto kh = k.transpose(1, 2);
-  auto vh = v.transpose(1, 2);
-  if (kv_heads != heads) {
-    kh = kh.repeat_interleave(heads / kv_heads, 1);
-    vh = vh.repeat_interleave(heads / kv_heads, 1);
-  }
-  return attend(qh, kh, vh, true).transpose(1, 2);  // (B, L, Hq, D)
+  auto composite = [](const std::vector<at::Tensor>& in) {
+    const int64_t heads = in[0].size(2), kv_heads = in[1].size(2);
+    auto qh = in[0].transpose(1, 2);  // (B, Hq, L, D)
+    auto kh = in[1].transpose(1, 2);
+    auto vh = in[2].transpose(1, 2);
+    if (kv_heads != heads) {
+      kh = kh.repeat_interleave(heads / kv_heads, 1);
+      vh = vh.repeat_interleave(heads / kv_heads, 1);
+    }
+    return attend(qh, kh, vh, true).transpose(1, 2);  // (B, L, Hq, D)
+  };
+  if (memory::selective()) return memory::checkpoint(composite, {q, k, v});  // as segment_attention
+  return composite({q, k, v});
 }
 
 at::Tensor masked_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,

@@ -286,9 +286,11 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_error(kMinimal + "data: {dir: /data/x}\n"),
             "job.yaml: data.dir: is not used by dataset shapes_vqa (it is generated, not read); remove it");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: block}\n"),
-            "job.yaml: features.recompute: 'block' is not one of none, full");
-  EXPECT_EQ(parse_error(kMinimal + "features: {recompute_layers: 2}\n"),
-            "job.yaml: features.recompute_layers: is used only with features.recompute full; it is none");
+            "job.yaml: features.recompute: 'block' is not one of none, full, selective");
+  EXPECT_EQ(
+      parse_error(kMinimal + "features: {recompute_layers: 2}\n"),
+      "job.yaml: features.recompute_layers: is used only with features.recompute full or selective; it is "
+      "none");
   EXPECT_EQ(parse_error(kMinimal + "features: {recompute: full, recompute_layers: -1}\n"),
             "job.yaml: features.recompute_layers: must be >= 0, got -1");
   EXPECT_EQ(parse_config(kMinimal + "features: {recompute: full, recompute_layers: 3}\n", "job.yaml")

@@ -8,6 +8,7 @@
 
 #include <memory>
 #include <string>
+#include <thread>
 
 #include "loom/memory/counting_allocator.h"
 #include "loom/util/errors.h"
@@ -209,6 +210,40 @@ TEST(Recompute, ARecomputedLayerKeepsOnlyItsInputForBackward) {
       EXPECT_GE(counter.live_bytes() - before, 6 * one);
     out.get("hidden").sum().backward();
   }
+}
+
+// checkpoint at operation granularity, as selective recompute uses it: QuickGELU's composite over a
+// 64 x 256 input keeps its sigmoid and its product for backward (two tensors of the input's size);
+// checkpointed, only its output is new (and the generator state), and the gradient is the same.
+TEST(SelectiveRecompute, ACheckpointedOperationKeepsOnlyItsInputs) {
+  auto quick_gelu = [](const std::vector<at::Tensor>& in) { return in[0] * at::sigmoid(1.702 * in[0]); };
+  const at::Tensor x = at::randn({64, 256}).requires_grad_(true), y = x.detach().clone().requires_grad_(true);
+  CountingAllocator& counter = CountingAllocator::install();
+  const CountingAllocator::Scope counted;
+  const int64_t one = 64 * 256 * 4;
+  const int64_t generator_state = at::detail::getDefaultCPUGenerator().get_state().nbytes();
+  int64_t before = counter.live_bytes();
+  const at::Tensor plain = quick_gelu({x});
+  EXPECT_GE(counter.live_bytes() - before, 2 * one);
+  before = counter.live_bytes();
+  const at::Tensor twice = checkpoint(quick_gelu, {y});
+  EXPECT_EQ(counter.live_bytes() - before, one + generator_state);
+  EXPECT_TRUE(twice.equal(plain));
+  (plain * plain).sum().backward();
+  (twice * twice).sum().backward();
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+}
+
+TEST(SelectiveRecompute, TheScopeIsThisThreadsAndEndsWithIt) {
+  EXPECT_FALSE(selective());
+  {
+    const SelectiveScope scope;
+    EXPECT_TRUE(selective());
+    bool elsewhere = true;
+    std::thread([&elsewhere] { elsewhere = selective(); }).join();
+    EXPECT_FALSE(elsewhere);
+  }
+  EXPECT_FALSE(selective());
 }
 
 TEST(Recompute, NoneBuildsNoRunner) {

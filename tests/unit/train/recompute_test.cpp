@@ -1,5 +1,6 @@
-// Full recompute on a real model: the tiny Qwen2-VL's loss and every parameter gradient, with its
-// four blocks recomputed (or only the first of them), equal the plain run's bit for bit. With FSDP:
+// Recompute on a real model: the tiny Qwen2-VL's loss and every parameter gradient, with its four
+// blocks recomputed wholly (or only the first of them) or selectively, equal the plain run's bit
+// for bit. With FSDP:
 // fsdp_test.cpp; the trainer's runs over ranks: tests/e2e/recompute.sh.
 #include "loom/memory/recompute.h"
 
@@ -12,10 +13,10 @@
 namespace loom::memory {
 namespace {
 
-void expect_plain_gradients(int64_t recompute_layers, size_t recomputed) {
+void expect_plain_gradients(int64_t recompute_layers, size_t recomputed, const std::string& mode = "full") {
   auto plain = testing::tiny_model(), twice = testing::tiny_model();
   config::FeaturesSection features;
-  features.recompute = "full";
+  features.recompute = mode;
   features.recompute_layers = recompute_layers;
   auto runner = recompute_runner(features, twice->layers());
   ASSERT_EQ(runner->layers().size(), recomputed);
@@ -37,6 +38,11 @@ void expect_plain_gradients(int64_t recompute_layers, size_t recomputed) {
 TEST(Recompute, TinyQwen2VLGradientsAreBitIdenticalToThePlainRun) { expect_plain_gradients(0, 4); }
 
 TEST(Recompute, TheFirstBlocksOnlyGiveThePlainGradientsToo) { expect_plain_gradients(1, 1); }
+
+// Selective: the vision blocks' QuickGELU and every block's composite attention recomputed.
+TEST(SelectiveRecompute, TinyQwen2VLGradientsAreBitIdenticalToThePlainRun) {
+  expect_plain_gradients(0, 4, "selective");
+}
 
 TEST(Recompute, MoreLayersThanBlocksIsAConfigError) {
   config::FeaturesSection features;

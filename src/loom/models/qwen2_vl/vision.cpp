@@ -88,7 +88,7 @@ VisionMlp::VisionMlp(const VisionConfig& c, const parallel::ParamOptions& option
 at::Tensor VisionMlp::forward(const at::Tensor& x) const {
   if (fc1) {
     auto h = fc1->forward(fc1->group().enter(x, kSequenceDim));
-    return fc2->forward(h * at::sigmoid(1.702 * h), kSequenceDim);  // QuickGELU
+    return fc2->forward(nn::quick_gelu(h), kSequenceDim);
   }
   const auto whole = gate_proj->group().enter(x, kSequenceDim);
   return down_proj->forward(nn::swiglu(gate_proj->forward(whole), up_proj->forward(whole)), kSequenceDim);
