@@ -8,6 +8,7 @@
 #include <torch/csrc/autograd/functions/utils.h>
 #include <torch/csrc/autograd/saved_variable.h>
 
+#include <cstring>
 #include <map>
 #include <mutex>
 #include <string>
@@ -201,12 +202,57 @@ core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::
 }
 
 namespace {
+
 thread_local bool selective_on = false;
+thread_local std::vector<Refill>* collected = nullptr;
+
+void release_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
+
+// Makes every emptied tensor again, in its own storage: the new data pointer moves in without
+// touching the tensor's version, which autograd checks.
+void refill(std::vector<Refill>& refills) {
+  const at::NoGradGuard no_grad;
+  for (auto& r : refills) {
+    c10::StorageImpl* storage = r.tensor.storage().unsafeGetStorageImpl();
+    const at::Tensor fresh = r.remake().contiguous();
+    const size_t bytes = static_cast<size_t>(r.tensor.numel()) * r.tensor.element_size();
+    if (fresh.sizes() != r.tensor.sizes() || fresh.scalar_type() != r.tensor.scalar_type() ||
+        fresh.storage_offset() != 0 || fresh.storage().nbytes() != bytes)
+      throw ModelError("selective recompute: a refilled tensor came back in another shape or type");
+    if (fresh.storage().use_count() > 1 || fresh.use_count() > 1) {  // shared: copy rather than take it
+      storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
+      storage->set_nbytes(bytes);
+      std::memcpy(r.tensor.data_ptr(), fresh.data_ptr(), bytes);
+    } else {
+      c10::StorageImpl* made = fresh.storage().unsafeGetStorageImpl();
+      storage->set_data_ptr_noswap(made->set_data_ptr(at::DataPtr(nullptr, fresh.device())));
+      storage->set_nbytes(bytes);
+    }
+  }
+  refills.clear();
+}
+
 }  // namespace
 
-SelectiveScope::SelectiveScope() : previous_(selective_on) { selective_on = true; }
-SelectiveScope::~SelectiveScope() { selective_on = previous_; }
+SelectiveScope::SelectiveScope(std::vector<Refill>* refills)
+    : previous_(selective_on), previous_refills_(collected) {
+  selective_on = true;
+  collected = refills;
+}
+SelectiveScope::~SelectiveScope() {
+  selective_on = previous_;
+  collected = previous_refills_;
+}
 bool selective() { return selective_on; }
+
+at::Tensor refilled_in_backward(at::Tensor output, std::function<at::Tensor()> remake) {
+  if (!collected || !at::GradMode::is_enabled() || !output.defined() || !output.is_contiguous() ||
+      output.storage_offset() != 0 ||
+      output.storage().nbytes() != static_cast<size_t>(output.numel()) * output.element_size())
+    return output;
+  collected->push_back(Refill{output, std::move(remake)});
+  return output;
+}
 
 at::Tensor checkpoint(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
                       const std::vector<at::Tensor>& inputs) {
@@ -227,8 +273,34 @@ core::Carry RecomputeRunner::run(const core::Layer& layer, core::Carry carry,
                                  const std::function<core::Carry(core::Carry)>& next) {
   if (layers_.count(&layer) == 0) return next(std::move(carry));
   if (selective_) {
-    const SelectiveScope scope;
-    return next(std::move(carry));
+    std::set<const void*> inputs;
+    for (const auto& [name, tensor] : carry.tensors()) inputs.insert(tensor.unsafeGetTensorImpl());
+    std::vector<Refill> refills;
+    core::Carry out;
+    {
+      const SelectiveScope scope(&refills);
+      out = next(std::move(carry));
+    }
+    // What the block hands on is not emptied, nor anything sharing its storage.
+    std::set<const void*> kept;
+    for (const auto& [name, tensor] : out.tensors())
+      if (tensor.defined()) kept.insert(tensor.storage().unsafeGetStorageImpl());
+    auto pending = std::make_shared<std::vector<Refill>>();
+    for (auto& r : refills)
+      if (kept.count(r.tensor.storage().unsafeGetStorageImpl()) == 0) pending->push_back(std::move(r));
+    if (pending->empty()) return out;
+    // Backward reaches the block when the gradient of what it made arrives; this hook is registered
+    // after those of the runners inside (FSDP gathers the weights first).
+    bool hooked = false;
+    for (const auto& [name, tensor] : out.tensors())
+      if (tensor.requires_grad() && inputs.count(tensor.unsafeGetTensorImpl()) == 0) {
+        at::Tensor made = tensor;
+        made.register_hook([pending](const at::Tensor&) { refill(*pending); });
+        hooked = true;
+      }
+    if (hooked)
+      for (const auto& r : *pending) release_storage(r.tensor);
+    return out;
   }
   bool trainable = false;
   for (const auto& param : layer.module().parameters()) trainable |= param.requires_grad();
@@ -258,8 +330,9 @@ std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection&
   const bool selective = features.recompute == "selective";
   spdlog::info("recompute {}: {} of {} blocks ({} ... {}) {}", features.recompute, count, blocks.size(),
                blocks.front()->name(), blocks[count - 1]->name(),
-               selective ? "run their composite attention and QuickGELU again in backward"
-                         : "keep only their inputs and run their forward again in backward");
+               selective
+                   ? "make their attention scores and their norms' and activations' outputs again in backward"
+                   : "keep only their inputs and run their forward again in backward");
   return std::make_shared<RecomputeRunner>(
       std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count), selective);
 }

@@ -33,20 +33,38 @@ core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::
 at::Tensor checkpoint(std::function<at::Tensor(const std::vector<at::Tensor>&)> fn,
                       const std::vector<at::Tensor>& inputs);
 
+// A tensor selective recompute empties after its block's forward and makes again before the block's
+// backward.
+struct Refill {
+  at::Tensor tensor;
+  std::function<at::Tensor()> remake;
+};
+
 // Selective recompute: while a scope is alive on this thread, the operations between a layer's
 // projections that save much and cost little to run again (the composite attention's scores and
-// probabilities, the vision MLP's QuickGELU) run under `checkpoint`; nn asks `selective()`.
+// probabilities, the vision MLP's QuickGELU) run under `checkpoint`, and the outputs of norms and
+// activations, which the next projection saves, are handed to `refilled_in_backward`; nn asks
+// `selective()`.
 class SelectiveScope {
  public:
-  SelectiveScope();
+  explicit SelectiveScope(std::vector<Refill>* refills = nullptr);
   ~SelectiveScope();
   SelectiveScope(const SelectiveScope&) = delete;
   SelectiveScope& operator=(const SelectiveScope&) = delete;
 
  private:
   bool previous_;
+  std::vector<Refill>* previous_refills_;
 };
 bool selective();
+
+// Under a selective scope that collects them, and with grad: hands `output` back and has the block's
+// runner empty its storage after the block's forward and fill it again with remake() before the
+// block's backward, so what autograd saved of it sees the same values again. remake runs without
+// grad, must give a contiguous tensor of output's shape, and must own what it reads (what the
+// block's backward keeps anyway: a norm's input and weight, an activation's input). Otherwise, and
+// for a tensor that is not the sole user of its storage, it does nothing.
+at::Tensor refilled_in_backward(at::Tensor output, std::function<at::Tensor()> remake);
 
 // Recomputes the layers it is given, wholly (full) or selectively, and passes every other layer
 // straight on.
@@ -57,6 +75,9 @@ class RecomputeRunner : public core::LayerRunner {
   core::Carry run(const core::Layer& layer, core::Carry carry,
                   const std::function<core::Carry(core::Carry)>& next) override;
   const std::set<const core::Layer*>& layers() const { return layers_; }
+  // Selective runs outside FSDP (its refill hooks must follow FSDP's gather), full inside it (its
+  // rerun must not pass through FSDP again).
+  bool selective() const { return selective_; }
 
  private:
   std::set<const core::Layer*> layers_;

@@ -4,6 +4,7 @@
 
 #include "loom/dist/mappings.h"
 #include "loom/kernels/pointwise.h"
+#include "loom/memory/recompute.h"
 #include "loom/nn/fused.h"
 #include "loom/util/errors.h"
 
@@ -18,11 +19,16 @@ LayerNorm::LayerNorm(int64_t dim, double eps_, const parallel::ParamOptions& opt
 at::Tensor LayerNorm::forward(const at::Tensor& x) const {
   // ATen's native LayerNorm is one fused pass already, and faster than kernels::layer_norm on
   // this CPU (loom_bench_kernels: 45 against 55 ms): it stays in use.
-  const auto stats = at::promote_types(x.scalar_type(), at::kFloat);
-  if (x.scalar_type() == stats) return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
-  // Reduced precision: statistics in fp32, result back in the input dtype.
-  auto y = at::layer_norm(x.to(stats), {weight.size(0)}, weight.to(stats), bias.to(stats), eps);
-  return y.to(x.scalar_type());
+  auto run = [x, weight = weight, bias = bias, eps = eps] {
+    const auto stats = at::promote_types(x.scalar_type(), at::kFloat);
+    if (x.scalar_type() == stats) return at::layer_norm(x, {weight.size(0)}, weight, bias, eps);
+    // Reduced precision: statistics in fp32, result back in the input dtype.
+    auto y = at::layer_norm(x.to(stats), {weight.size(0)}, weight.to(stats), bias.to(stats), eps);
+    return y.to(x.scalar_type());
+  };
+  // The next projection saves the output; the norm's backward keeps x and the weights.
+  if (memory::selective()) return memory::refilled_in_backward(run(), run);
+  return run();
 }
 
 RMSNorm::RMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
@@ -47,7 +53,14 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps) {
 
 }  // namespace
 
-at::Tensor RMSNorm::forward(const at::Tensor& x) const { return rms_norm(x, weight, eps); }
+at::Tensor RMSNorm::forward(const at::Tensor& x) const {
+  if (!memory::selective()) return rms_norm(x, weight, eps);
+  const bool fused = fused_kernels();  // as rms_norm reads it, fixed for the refill
+  auto run = [x, weight = weight, eps = eps, fused] {
+    return fused ? kernels::rms_norm(x, weight, eps) : kernels::rms_norm_composite(x, weight, eps);
+  };
+  return memory::refilled_in_backward(run(), run);  // as LayerNorm
+}
 
 SplitRMSNorm::SplitRMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
     : eps(eps_), group_(options.tp), dim_(dim) {

@@ -383,9 +383,14 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   if (p.zero != 0 && !data)
     spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard", p.zero);
   plan.gradients = std::move(sync);
-  // Recompute sits inside FSDP, which gathers the layer again before its backward recomputes it.
-  if (auto recompute = memory::recompute_runner(job.features, layers))
-    runners.push_back(std::move(recompute));
+  // Full recompute sits inside FSDP, which gathers the layer again before its backward recomputes it;
+  // selective outside it, so that gather comes before the refill of the norms' outputs.
+  if (auto recompute = memory::recompute_runner(job.features, layers)) {
+    if (recompute->selective())
+      runners.insert(runners.begin(), std::move(recompute));
+    else
+      runners.push_back(std::move(recompute));
+  }
   // One stage, every layer (pipeline parallelism is refused before the plan is applied).
   plan.stages.push_back(core::Stage{layers, std::move(runners), true, true});
   return plan;

@@ -234,6 +234,56 @@ TEST(SelectiveRecompute, ACheckpointedOperationKeepsOnlyItsInputs) {
   EXPECT_TRUE(y.grad().equal(x.grad()));
 }
 
+// hidden = linear(sin(hidden)): the linear saves sin's output, which selective recompute empties after
+// the forward and makes again (from the input sin keeps) before the layer's backward.
+class Refilling : public core::Layer {
+ public:
+  explicit Refilling(torch::nn::Linear linear)
+      : core::Layer("block", linear.ptr()), linear_(std::move(linear)) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    const at::Tensor x = carry.get("hidden");
+    made = refilled_in_backward(at::sin(x), [x] { return at::sin(x); });
+    carry.set("hidden", at::linear(made, linear_->weight, linear_->bias));
+    return carry;
+  }
+  mutable at::Tensor made;
+
+ private:
+  torch::nn::Linear linear_;
+};
+
+TEST(SelectiveRecompute, ARefilledTensorIsEmptyAfterForwardAndBackBeforeItsBackward) {
+  at::manual_seed(3);
+  auto plain_layer = std::make_shared<Refilling>(torch::nn::Linear(32, 32));
+  at::manual_seed(3);
+  auto layer = std::make_shared<Refilling>(torch::nn::Linear(32, 32));
+  const core::Layers plain{plain_layer}, layers{layer};
+  config::FeaturesSection features;
+  features.recompute = "selective";
+  const auto runner = recompute_runner(features, layers);
+  ASSERT_TRUE(runner->selective());
+  const at::Tensor x = at::randn({16, 32}).requires_grad_(true), y = x.detach().clone().requires_grad_(true);
+  auto run = [](const core::Layers& l, const core::RunnerChain& runners, const at::Tensor& input) {
+    core::Carry carry;
+    carry.set("hidden", input);
+    return core::Stage{l, runners}.forward(std::move(carry), std::make_shared<NoContext>()).get("hidden");
+  };
+  const at::Tensor want = run(plain, {}, x);
+  EXPECT_EQ(plain_layer->made.storage().nbytes(), 16U * 32 * 4);  // no scope: kept
+  const at::Tensor got = run(layers, {runner}, y);
+  EXPECT_EQ(layer->made.storage().nbytes(), 0U);
+  EXPECT_TRUE(got.equal(want));
+  (want * want).sum().backward();
+  (got * got).sum().backward();
+  EXPECT_EQ(layer->made.storage().nbytes(), 16U * 32 * 4);
+  EXPECT_TRUE(layer->made.equal(plain_layer->made));
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+  const auto want_params = plain_layer->module().parameters(), got_params = layer->module().parameters();
+  for (size_t i = 0; i < want_params.size(); ++i)
+    EXPECT_TRUE(got_params[i].grad().equal(want_params[i].grad()));
+}
+
 TEST(SelectiveRecompute, TheScopeIsThisThreadsAndEndsWithIt) {
   EXPECT_FALSE(selective());
   {
