@@ -6,6 +6,7 @@
 #include <cmath>
 
 #include "loom/checkpoint/hf_export.h"
+#include "loom/memory/recompute.h"
 #include "loom/models/wan/layers.h"
 #include "loom/models/weights.h"
 #include "loom/nn/attention.h"
@@ -140,16 +141,32 @@ at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& 
   const at::Tensor shift_1 = part(0), scale_1 = part(1), gate_1 = part(2);
   const at::Tensor shift_2 = part(3), scale_2 = part(4), gate_2 = part(5);
 
-  const at::Tensor attn_in = layer_norm_no_affine(x, eps) * (1 + scale_1) + shift_1;
+  // Under selective recompute the norms', modulations' and GELU's outputs, which the next operation
+  // saves, are emptied after the block's forward and made again before its backward, in this order.
+  const double eps_ = eps;
+  auto modulated = [eps_](const at::Tensor& residual, const at::Tensor& scale, const at::Tensor& shift) {
+    const at::Tensor normed =
+        memory::refilled_in_backward(layer_norm_no_affine(residual, eps_),
+                                     [residual, eps_] { return layer_norm_no_affine(residual, eps_); });
+    auto run = [normed, scale, shift] { return normed * (1 + scale) + shift; };
+    return memory::refilled_in_backward(run(), run);
+  };
+  const at::Tensor attn_in = modulated(x, scale_1, shift_1);
   x = x + self_attn->self_attention(attn_in, cos, sin, cu) * gate_1;
 
-  const at::Tensor cross_in =
-      norm3 ? at::layer_norm(x, {x.size(-1)}, norm3->weight.to(at::kFloat), norm3->bias.to(at::kFloat), eps)
-            : x;
+  at::Tensor cross_in = x;
+  if (norm3) {
+    auto run = [x, w = norm3->weight, b = norm3->bias, eps_] {
+      return at::layer_norm(x, {x.size(-1)}, w.to(at::kFloat), b.to(at::kFloat), eps_);
+    };
+    cross_in = memory::refilled_in_backward(run(), run);
+  }
   x = x + cross_attn->cross_attention(cross_in, text);
 
-  const at::Tensor ffn_in_x = layer_norm_no_affine(x, eps) * (1 + scale_2) + shift_2;
-  const at::Tensor hidden = at::gelu(apply_linear(*ffn_in, ffn_in->group().enter(ffn_in_x, 1)), "tanh");
+  const at::Tensor ffn_in_x = modulated(x, scale_2, shift_2);
+  const at::Tensor projected = apply_linear(*ffn_in, ffn_in->group().enter(ffn_in_x, 1));
+  auto gelu = [projected] { return at::gelu(projected, "tanh"); };
+  const at::Tensor hidden = memory::refilled_in_backward(gelu(), gelu);
   const at::Tensor ffn_y = ffn_out->forward(hidden, 1);
   return x + ffn_y * gate_2;  // [B, L, C] float32
 }
