@@ -244,7 +244,41 @@ void AdamW(benchmark::State& state) {
       benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
 }
 
+// The same tensors as bf16 parameters with bf16 gradients: the fp32 master a separate tensor, or
+// split into the parameter and a 16-bit residual (features.reuse_fp32_param).
+template <bool Split>
+void AdamWBf16(benchmark::State& state) {
+  at::manual_seed(0);
+  std::vector<loom::kernels::AdamWTensor> tensors;
+  std::vector<std::vector<int64_t>> ties(150);
+  int64_t total = 0;
+  for (int64_t i = 0; i < 150; ++i) {
+    const int64_t n = i % 3 == 0 ? 1024 : 100000 + 1000 * i;
+    const at::Tensor w = at::randn({n});
+    loom::kernels::AdamWTensor t{
+        w, at::randn({n}).to(at::kBFloat16), at::zeros({n}), at::zeros({n}), i % 3 != 0, w.to(at::kBFloat16)};
+    if (Split) {
+      t.weight = at::Tensor();
+      t.residual = at::zeros({n}, at::kShort);  // as if the master were the parameter
+      t.ties = &ties[static_cast<size_t>(i)];
+    }
+    tensors.push_back(t);
+    total += n;
+  }
+  loom::kernels::AdamWHyper h;
+  h.lr = 1e-3;
+  h.weight_decay = 0.1;
+  for (auto _ : state) {
+    loom::kernels::adamw_step(tensors, h);
+    benchmark::DoNotOptimize(tensors[0].bf16_param.data_ptr());
+  }
+  state.counters["params_per_s"] =
+      benchmark::Counter(static_cast<double>(total), benchmark::Counter::kIsIterationInvariantRate);
+}
+
 BENCHMARK_TEMPLATE(AdamW, true)->Name("AdamW/multi_tensor")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(AdamWBf16, false)->Name("AdamW/bf16_master")->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(AdamWBf16, true)->Name("AdamW/bf16_split_master")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(AdamW, false)->Name("AdamW/composite")->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(LinearCrossEntropy, true)
     ->Name("LinearCrossEntropy/chunked")

@@ -2,13 +2,15 @@
 # The memory table of docs/memory.md: `loom bench` of one job under each memory setting, alternating
 # over ROUNDS rounds on this machine, with the median of each figure. A setting is a name and its
 # --set options: none, selective and full recompute (and full recompute of the first HALF blocks
-# when HALF is set). Prints a Markdown table, each row's activation cut and extra step time
+# when HALF is set; and, when REUSE=1, bf16 training with a separate fp32 master and with
+# features.reuse_fp32_param). Prints a Markdown table, each row's activation cut and extra step time
 # against the first row, and, as the last line, one JSON object with those ratios. With --check, it
 # exits non-zero unless full recompute cuts the activations by at least 60% for at most 40% more
 # step time and selective by at least 30% for at most 15% (the memory issue's bar; a measurement,
-# not a test: never run by ctest).
+# not a test: never run by ctest), and, with REUSE=1, unless the reused master saves exactly 2 bytes
+# of optimizer state per trainable parameter.
 #   bash bench/memory.sh [CONFIG] [--check] [--set key=value ...]
-# Knobs: LOOM (binary, default build/loom), ROUNDS (3), STEPS (5 timed), WARMUP (1), HALF.
+# Knobs: LOOM (binary, default build/loom), ROUNDS (3), STEPS (5 timed), WARMUP (1), HALF, REUSE.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 LOOM=${LOOM:-build/loom}
@@ -23,6 +25,8 @@ WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
 settings=("none|" "selective|--set features.recompute=selective" "full|--set features.recompute=full")
 [ -z "${HALF:-}" ] || settings+=("full, first $HALF blocks|--set features.recompute=full --set features.recompute_layers=$HALF")
+[ "${REUSE:-0}" = 0 ] || settings+=("bf16|--set training.precision=bf16"
+  "bf16, reuse_fp32_param|--set training.precision=bf16 --set features.reuse_fp32_param=true")
 for round in $(seq 1 "$ROUNDS"); do
   for i in "${!settings[@]}"; do
     read -r -a extra <<< "${settings[$i]#*|}"
@@ -67,5 +71,14 @@ if check:
         met = met and ok
         print(f"check: {name} recompute cuts {r['activations_cut']:.0%} (>= {cut:.0%}) for "
               f"{r['extra_step_time']:+.0%} step time (<= +{extra:.0%}): {'met' if ok else 'NOT met'}")
+    by_name = {row["setting"]: row for row in rows}
+    if "bf16, reuse_fp32_param" in by_name:
+        plain, reused = by_name["bf16"], by_name["bf16, reuse_fp32_param"]
+        saved = round((plain["optimizer_mib"] - reused["optimizer_mib"]) * 1048576)
+        params = round(plain["parameters_mib"] * 1048576) // 2  # bf16: 2 bytes a parameter
+        ok = saved == 2 * params
+        met = met and ok
+        print(f"check: reuse_fp32_param saves {saved} bytes of optimizer state, 2 for each of the {params} "
+              f"trainable parameters: {'met' if ok else 'NOT met'}")
     sys.exit(0 if met else 1)
 PY

@@ -26,6 +26,17 @@ def tensors(path):
     return out
 
 
+def raw(path):
+    """A safetensors file's tensors as (dtype, shape, bytes), for bit-exact comparison."""
+    data = open(path, "rb").read()
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    header.pop("__metadata__", None)
+    return {name: (entry["dtype"], entry["shape"],
+                   data[8 + n + entry["data_offsets"][0]: 8 + n + entry["data_offsets"][1]])
+            for name, entry in header.items()}
+
+
 def shapes(path):
     """A safetensors file's tensor names with their dtype and shape."""
     data = open(path, "rb").read()

@@ -2,10 +2,10 @@
 
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <cmath>
-#include <cstring>
 
-#include "loom/kernels/cpu/vector.h"
+#include "loom/kernels/cpu/adamw_loops.h"
 #include "loom/util/errors.h"
 
 namespace loom::kernels {
@@ -13,41 +13,26 @@ namespace {
 
 constexpr int64_t kTaskElements = 1 << 15;
 
-struct Scalars {
-  float decay_factor, b1, one_minus_b1, b2, one_minus_b2, inv_sqrt_bc2, eps, step_size;
-};
-
-// One pass over n elements; grad in fp32.
-LOOM_VECTOR_CLONES void update_f32(float* w, const float* g, float* m, float* v, int64_t n, Scalars s,
-                                   bool decay) {
-  for (int64_t i = 0; i < n; ++i) {
-    float wi = decay ? w[i] * s.decay_factor : w[i];
-    const float mi = m[i] * s.b1 + g[i] * s.one_minus_b1;
-    const float vi = v[i] * s.b2 + g[i] * g[i] * s.one_minus_b2;
-    wi -= s.step_size * (mi / (std::sqrt(vi) * s.inv_sqrt_bc2 + s.eps));
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-  }
-}
-
-// The same with a bf16 gradient and, optionally, the rounded weight written to a bf16 parameter.
-LOOM_VECTOR_CLONES void update_mixed(float* w, const uint16_t* g16, const float* g32, float* m, float* v,
-                                     uint16_t* param, int64_t n, Scalars s, bool decay) {
-  for (int64_t i = 0; i < n; ++i) {
-    const float gi = g16 ? cpu::from_bf16(g16[i]) : g32[i];
-    float wi = decay ? w[i] * s.decay_factor : w[i];
-    const float mi = m[i] * s.b1 + gi * s.one_minus_b1;
-    const float vi = v[i] * s.b2 + gi * gi * s.one_minus_b2;
-    wi -= s.step_size * (mi / (std::sqrt(vi) * s.inv_sqrt_bc2 + s.eps));
-    m[i] = mi;
-    v[i] = vi;
-    w[i] = wi;
-    if (param) param[i] = cpu::to_bf16(wi);
-  }
-}
-
 void check(const AdamWTensor& t, size_t index) {
+  if (t.residual.defined()) {
+    const auto n = t.bf16_param.defined() ? t.bf16_param.numel() : int64_t{-1};
+    const bool ok =
+        !t.weight.defined() && t.ties && n >= 0 && t.bf16_param.is_cpu() &&
+        t.bf16_param.scalar_type() == at::kBFloat16 && t.bf16_param.is_contiguous() && t.residual.is_cpu() &&
+        t.residual.scalar_type() == at::kShort && t.residual.is_contiguous() && t.residual.numel() == n &&
+        t.exp_avg.is_cpu() && t.exp_avg.scalar_type() == at::kFloat && t.exp_avg.is_contiguous() &&
+        t.exp_avg.numel() == n && t.exp_avg_sq.is_cpu() && t.exp_avg_sq.scalar_type() == at::kFloat &&
+        t.exp_avg_sq.is_contiguous() && t.exp_avg_sq.numel() == n && t.grad.is_cpu() &&
+        t.grad.is_contiguous() && t.grad.numel() == n &&
+        (t.grad.scalar_type() == at::kFloat || t.grad.scalar_type() == at::kBFloat16);
+    if (!ok)
+      throw ModelError(
+          fmt::format("adamw_step: split tensor {} needs CPU tensors: no fp32 weight, a contiguous bf16 "
+                      "parameter, int16 residual and tie list, fp32 moments and an fp32 or bf16 gradient, "
+                      "all of {} elements",
+                      index, n));
+    return;
+  }
   const auto n = t.weight.numel();
   const bool on_cpu = t.weight.is_cpu() && t.exp_avg.is_cpu() && t.exp_avg_sq.is_cpu() && t.grad.is_cpu() &&
                       (!t.bf16_param.defined() || t.bf16_param.is_cpu());
@@ -70,7 +55,7 @@ void check(const AdamWTensor& t, size_t index) {
 }  // namespace
 
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
-  Scalars s;
+  cpu::AdamWScalars s;
   s.decay_factor = static_cast<float>(1.0 - h.lr * h.weight_decay);
   s.b1 = static_cast<float>(h.beta1);
   s.one_minus_b1 = static_cast<float>(1.0 - h.beta1);
@@ -88,36 +73,53 @@ void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& h) {
   std::vector<Task> tasks;
   for (size_t i = 0; i < tensors.size(); ++i) {
     check(tensors[i], i);
-    const int64_t n = tensors[i].weight.numel();
+    const int64_t n = tensors[i].exp_avg.numel();
     for (int64_t begin = 0; begin < n; begin += kTaskElements)
       tasks.push_back({i, begin, std::min(n, begin + kTaskElements)});
   }
+  // A split weight's new tie indices, per task, joined in task order (so sorted) once all are done.
+  std::vector<std::vector<int64_t>> task_ties(tasks.size());
   at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t first, int64_t last) {
     for (int64_t k = first; k < last; ++k) {
       const Task& task = tasks[static_cast<size_t>(k)];
       const AdamWTensor& t = tensors[task.tensor];
       const int64_t b = task.begin, n = task.end - task.begin;
-      float* w = t.weight.data_ptr<float>() + b;
       float* m = t.exp_avg.data_ptr<float>() + b;
       float* v = t.exp_avg_sq.data_ptr<float>() + b;
       const bool decay = t.decay && h.weight_decay != 0.0;
-      if (t.grad.scalar_type() == at::kFloat && !t.bf16_param.defined()) {
-        update_f32(w, t.grad.data_ptr<float>() + b, m, v, n, s, decay);
+      cpu::AdamWGrad g;
+      if (t.grad.scalar_type() == at::kBFloat16)
+        g.g16 = reinterpret_cast<const uint16_t*>(t.grad.data_ptr<at::BFloat16>()) + b;
+      else
+        g.g32 = t.grad.data_ptr<float>() + b;
+      if (t.residual.defined()) {
+        const std::vector<int64_t>& ties = *t.ties;
+        const auto from = std::lower_bound(ties.begin(), ties.end(), b);
+        const auto to = std::lower_bound(from, ties.end(), task.end);
+        cpu::adamw_update_split(reinterpret_cast<uint16_t*>(t.bf16_param.data_ptr<at::BFloat16>()) + b,
+                                t.residual.data_ptr<int16_t>() + b, ties.data() + (from - ties.begin()),
+                                ties.data() + (to - ties.begin()), task_ties[static_cast<size_t>(k)], b, g, m,
+                                v, n, s, decay);
         continue;
       }
-      const uint16_t* g16 = t.grad.scalar_type() == at::kBFloat16
-                                ? reinterpret_cast<const uint16_t*>(t.grad.data_ptr<at::BFloat16>()) + b
-                                : nullptr;
-      const float* g32 = g16 ? nullptr : t.grad.data_ptr<float>() + b;
       uint16_t* param = t.bf16_param.defined()
                             ? reinterpret_cast<uint16_t*>(t.bf16_param.data_ptr<at::BFloat16>()) + b
                             : nullptr;
-      update_mixed(w, g16, g32, m, v, param, n, s, decay);
+      cpu::adamw_update(t.weight.data_ptr<float>() + b, g, m, v, param, n, s, decay);
     }
   });
+  for (size_t k = 0; k < tasks.size();) {
+    const AdamWTensor& t = tensors[tasks[k].tensor];
+    const size_t tensor = tasks[k].tensor;
+    if (t.residual.defined()) t.ties->clear();
+    for (; k < tasks.size() && tasks[k].tensor == tensor; ++k)
+      if (t.residual.defined()) t.ties->insert(t.ties->end(), task_ties[k].begin(), task_ties[k].end());
+  }
 }
 
 void adamw_step_composite(const AdamWTensor& t, const AdamWHyper& h) {
+  if (t.residual.defined())
+    throw ModelError("adamw_step_composite: the composite form updates an fp32 weight, not a split one");
   at::NoGradGuard no_grad;
   const at::Tensor g = t.grad.to(at::kFloat);
   at::Tensor w = t.weight;

@@ -20,10 +20,17 @@ struct AdamWHyper {
 // One tensor of the update: the fp32 weight, its gradient (fp32 or bf16), both fp32 moments (all
 // contiguous, of equal size), whether it decays, and a bf16 parameter to receive the rounded weight
 // (undefined when the weight is the parameter).
+//
+// Or, with `residual` defined (int16, the parameter's size) and `weight` undefined, a split fp32
+// weight: the bf16 parameter is its high half and `residual` its low (cpu::bf16_residual), with
+// `ties` the sorted indices whose residual is +0x8000. The update reads and writes the three, and
+// is bit for bit the one an fp32 weight would get.
 struct AdamWTensor {
   at::Tensor weight, grad, exp_avg, exp_avg_sq;
   bool decay = false;
   at::Tensor bf16_param;
+  at::Tensor residual;
+  std::vector<int64_t>* ties = nullptr;
 };
 
 void adamw_step(const std::vector<AdamWTensor>& tensors, const AdamWHyper& hyper);

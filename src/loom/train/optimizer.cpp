@@ -33,7 +33,9 @@ AdamW::AdamW(std::vector<NamedParam> params, AdamWOptions options) : options_(op
     s.decay = decays(np);
     s.exp_avg = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
     s.exp_avg_sq = at::zeros_like(np.param, np.param.options().dtype(at::kFloat));
-    if (np.param.scalar_type() == at::kBFloat16)
+    if (np.param.scalar_type() == at::kBFloat16 && options.split_master)
+      s.split.residual = at::zeros_like(np.param, np.param.options().dtype(at::kShort));  // master == p
+    else if (np.param.scalar_type() == at::kBFloat16)
       s.master = np.param.detach().to(at::kFloat, /*non_blocking=*/false, /*copy=*/true);
     s.p = std::move(np);
     slots_.push_back(std::move(s));
@@ -93,6 +95,11 @@ void AdamW::step(double lr) {
   for (auto& s : slots_) {
     const at::Tensor& grad = s.p.param.grad();
     if (!grad.defined()) continue;
+    if (s.split.residual.defined()) {
+      tensors.push_back({at::Tensor(), grad.contiguous(), s.exp_avg, s.exp_avg_sq, s.decay,
+                         s.p.param.detach(), s.split.residual, &s.split.ties});
+      continue;
+    }
     const bool bf16 = s.master.defined();
     tensors.push_back({bf16 ? s.master : s.p.param.detach(), grad.contiguous(), s.exp_avg, s.exp_avg_sq,
                        s.decay, bf16 ? s.p.param.detach() : at::Tensor()});
@@ -111,6 +118,8 @@ std::vector<std::pair<std::string, at::Tensor>> AdamW::state_dict() const {
     out.emplace_back("exp_avg." + s.p.name, s.exp_avg);
     out.emplace_back("exp_avg_sq." + s.p.name, s.exp_avg_sq);
     if (s.master.defined()) out.emplace_back("master." + s.p.name, s.master);
+    if (s.split.residual.defined())
+      out.emplace_back("master." + s.p.name, memory::join_master(s.p.param, s.split));
   }
   out.emplace_back("step", at::scalar_tensor(step_, at::kLong));
   return out;
@@ -168,6 +177,8 @@ void AdamW::load_state_dict(const std::vector<std::pair<std::string, at::Tensor>
       s.master.copy_(checked.at("master." + s.p.name));
       s.p.param.copy_(s.master);
     }
+    if (s.split.residual.defined())
+      s.split = memory::split_master(checked.at("master." + s.p.name).to(at::kFloat), s.p.param);
   }
   step_ = checked.at("step").item<int64_t>();
 }
@@ -177,6 +188,7 @@ int64_t AdamW::state_bytes() const {
   for (const auto& s : slots_) {
     bytes += s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
     if (s.master.defined()) bytes += s.master.nbytes();
+    if (s.split.residual.defined()) bytes += s.split.bytes();
   }
   return bytes;
 }

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "loom/memory/fp32_reuse.h"
+
 namespace loom::train {
 
 // A trainable leaf tensor (fp32 or bf16, requires_grad) and its name, which keys the optimizer state.
@@ -19,6 +21,9 @@ struct NamedParam {
 
 struct AdamWOptions {
   double beta1 = 0.9, beta2 = 0.999, eps = 1e-8, weight_decay = 0.0;
+  // Hold each bf16 parameter's fp32 master as the parameter plus a 16-bit residual
+  // (memory::SplitMaster): 2 bytes per parameter less, the same updates bit for bit.
+  bool split_master = false;
 };
 
 // Adam's moment update and step of the fp32 tensor `w` by the fp32 gradient `g`, in place, at
@@ -46,13 +51,14 @@ class AdamW {
 
   // Live state tensors (not copies: save or clone them before the next step):
   // "exp_avg.<name>", "exp_avg_sq.<name>", "master.<name>" (bf16 params only), and "step" (int64 scalar).
+  // A split master is joined into a new fp32 tensor, so the entries are the same either way.
   std::vector<std::pair<std::string, at::Tensor>> state_dict() const;
   // Copies a state_dict() into this optimizer. Every entry must be present with the right shape and no
   // other entry may be present; otherwise CheckpointError naming the entry and nothing is changed.
   void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
   int64_t step_count() const { return step_; }
-  // Bytes held by the moments and the master copies.
+  // Bytes held by the moments and the master copies (or the residuals of split masters).
   int64_t state_bytes() const;
 
   // Weight decay applies to matrices and higher (dim >= 2), never to norm scales or biases.
@@ -63,9 +69,10 @@ class AdamW {
  private:
   struct Slot {
     NamedParam p;
-    at::Tensor exp_avg;     // fp32, shape of p
-    at::Tensor exp_avg_sq;  // fp32, shape of p
-    at::Tensor master;      // fp32 copy of a bf16 p; undefined for fp32 p
+    at::Tensor exp_avg;         // fp32, shape of p
+    at::Tensor exp_avg_sq;      // fp32, shape of p
+    at::Tensor master;          // fp32 copy of a bf16 p; undefined for fp32 p or a split master
+    memory::SplitMaster split;  // a bf16 p's master beside p, with options.split_master
     bool decay = false;
   };
   std::vector<Slot> slots_;

@@ -299,7 +299,21 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   plan.tensor_parallel = tp_size;
   ModelStateBytes& bytes = plan.bytes;
   const std::map<std::string, parallel::ShardLayout>* tp_layouts = tp_size > 1 ? &sync->layouts : nullptr;
-  const AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  if (job.features.reuse_fp32_param) {
+    if (t.precision != "bf16")
+      throw ConfigError(fmt::format(
+          "features.reuse_fp32_param: training.precision is {}; the fp32 weights are the parameters, with no "
+          "separate master to reuse (it applies to bf16)",
+          t.precision));
+    if (data && p.zero != 0)
+      throw ConfigError(
+          fmt::format("features.reuse_fp32_param: parallel.zero={} keeps each rank's slice of the fp32 "
+                      "master apart from the "
+                      "bf16 parameters; the master is held in the parameters with zero 0 only",
+                      p.zero));
+    adamw.split_master = true;
+  }
   std::string layout;
   if (data && p.zero == 3) {
     // FSDP: the units shard the parameters; the optimizer updates the units' slices.
@@ -337,6 +351,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
                                                             p.overlap_grad_reduce);
       auto whole = std::make_unique<WholeAdamW>(params, adamw, tp_layouts);
       bytes.optimizer = whole->state_bytes();
+      if (adamw.split_master)
+        layout = " (the fp32 master weights held as the bf16 parameters and 16-bit residuals)";
       plan.optimizer = std::move(whole);
     }
   }

@@ -196,6 +196,72 @@ TEST(AdamW, StateDictRoundTripReproducesNextStep) {
   }
 }
 
+TEST(AdamW, SplitMasterSavesTwoBytesPerParameterAndStepsAlike) {
+  // A bf16 parameter large enough to span several of the fused step's tasks.
+  at::manual_seed(3);
+  const at::Tensor start = at::randn({70000}).to(at::kBFloat16);
+  at::Tensor a = start.clone().set_requires_grad(true), b = start.clone().set_requires_grad(true);
+  Model ma, mb = ma.clone();
+  auto params_a = ma.params(), params_b = mb.params();
+  params_a.push_back({"big", a});
+  params_b.push_back({"big", b});
+  AdamWOptions options{0.9, 0.95, 1e-8, 0.1};
+  AdamW plain(params_a, options);
+  options.split_master = true;
+  AdamW split(params_b, options);
+  // 2 bytes less for each bf16 element (the 3 of "s" and the 70000 of "big"), none for fp32 ones.
+  EXPECT_EQ(plain.state_bytes() - split.state_bytes(), 2 * (3 + 70000));
+  for (int k = 0; k < 4; ++k) {
+    ma.set_grads(k);
+    mb.set_grads(k);
+    const at::Tensor g = at::randn({70000}).to(at::kBFloat16);
+    a.mutable_grad() = g;
+    b.mutable_grad() = g.clone();
+    plain.step(0.01 * (k + 1));
+    split.step(0.01 * (k + 1));
+    EXPECT_TRUE(at::equal(a, b)) << "step " << k;
+    EXPECT_TRUE(at::equal(ma.s, mb.s)) << "step " << k;
+    // The same state entries, bit for bit: the split master joined is the fp32 master.
+    const auto sa = plain.state_dict(), sb = split.state_dict();
+    ASSERT_EQ(sa.size(), sb.size());
+    for (size_t i = 0; i < sa.size(); ++i) {
+      EXPECT_EQ(sa[i].first, sb[i].first);
+      EXPECT_EQ(sa[i].second.scalar_type(), sb[i].second.scalar_type()) << sa[i].first;
+      EXPECT_TRUE(at::equal(sa[i].second, sb[i].second)) << sa[i].first << " step " << k;
+    }
+  }
+}
+
+TEST(AdamW, SplitAndSeparateMastersLoadEachOthersState) {
+  // A state saved with one form of the master loads into the other, and the next steps agree.
+  const AdamWOptions separate{0.9, 0.95, 1e-8, 0.1};
+  AdamWOptions split = separate;
+  split.split_master = true;
+  for (const bool from_split : {true, false}) {
+    Model a;
+    AdamW opt_a(a.params(), from_split ? split : separate);
+    for (int k = 0; k < 3; ++k) {
+      a.set_grads(k);
+      opt_a.step(0.01 * (k + 1));
+    }
+    Model b = a.clone();
+    AdamW opt_b(b.params(), from_split ? separate : split);
+    auto state = opt_a.state_dict();
+    for (auto& [key, t] : state) t = t.clone();
+    opt_b.load_state_dict(state);
+    for (int k = 3; k < 5; ++k) {
+      a.set_grads(k);
+      b.set_grads(k);
+      opt_a.step(0.02);
+      opt_b.step(0.02);
+    }
+    EXPECT_TRUE(at::equal(a.s, b.s)) << from_split;
+    EXPECT_TRUE(at::equal(a.w, b.w)) << from_split;
+    const auto sa = opt_a.state_dict(), sb = opt_b.state_dict();
+    for (size_t i = 0; i < sa.size(); ++i) EXPECT_TRUE(at::equal(sa[i].second, sb[i].second)) << sa[i].first;
+  }
+}
+
 TEST(AdamW, StateDictKeys) {
   Model m;
   AdamW opt(m.params(), AdamWOptions{});
