@@ -70,7 +70,9 @@ refused fp32 "features.reuse_fp32_param: training.precision is fp32; the fp32 we
   small_job "${common[@]}" --set training.micro_batch_size=4 --set training.precision=fp32 \
   --set training.output_dir="$WORK/fp32" "${reuse[@]}"
 for zero in 1 3; do
-  refused "zero$zero" "features.reuse_fp32_param: parallel.zero=$zero keeps each rank's slice of the fp32 master" \
+  want="parallel.zero=1 keeps each rank's slice of the fp32 master apart from the bf16 parameters"
+  [ "$zero" = 1 ] || want="parallel.zero=3 \\(FSDP\\) holds each rank's slice of the fp32 master as the parameters"
+  refused "zero$zero" "features.reuse_fp32_param: $want" \
     "$LOOM" run -n 2 -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
     --set training.micro_batch_size=4 --set parallel.zero=$zero --set training.output_dir="$WORK/zero$zero" \
     "${reuse[@]}"

@@ -306,12 +306,17 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
           "features.reuse_fp32_param: training.precision is {}; the fp32 weights are the parameters, with no "
           "separate master to reuse (it applies to bf16)",
           t.precision));
-    if (data && p.zero != 0)
+    if (data && p.zero == 3)
       throw ConfigError(
-          fmt::format("features.reuse_fp32_param: parallel.zero={} keeps each rank's slice of the fp32 "
-                      "master apart from the "
-                      "bf16 parameters; the master is held in the parameters with zero 0 only",
-                      p.zero));
+          "features.reuse_fp32_param: parallel.zero=3 (FSDP) holds each rank's slice of the fp32 master as "
+          "the "
+          "parameters themselves, with no bf16 copy to reuse (the bf16 weights are gathered from it for each "
+          "use)");
+    if (data && p.zero == 1)
+      throw ConfigError(
+          "features.reuse_fp32_param: parallel.zero=1 keeps each rank's slice of the fp32 master apart from "
+          "the "
+          "bf16 parameters; the master is held in the parameters with zero 0 only in this version");
     adamw.split_master = true;
   }
   std::string layout;
