@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The memory table of docs/memory.md: `loom bench` of one job under each memory setting, alternating
 # over ROUNDS rounds on this machine, with the median of each figure. A setting is a name and its
-# --set options: none, selective and full recompute (and full recompute of the first HALF blocks
-# when HALF is set; and, when REUSE=1, bf16 training with a separate fp32 master and with
-# features.reuse_fp32_param). Prints a Markdown table, each row's activation cut and extra step time
+# --set options: none, selective and full recompute, full recompute with offload (and full
+# recompute of the first HALF blocks when HALF is set; and, when REUSE=1, bf16 training with a
+# separate fp32 master and with features.reuse_fp32_param). Prints a Markdown table, each row's activation cut and extra step time
 # against the first row, and, as the last line, one JSON object with those ratios. With --check, it
 # exits non-zero unless full recompute cuts the activations by at least 60% for at most 40% more
 # step time and selective by at least 30% for at most 15% (the memory issue's bar; a measurement,
@@ -23,7 +23,8 @@ CHECK=0
 if [ "${1:-}" = --check ]; then CHECK=1; shift; fi
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
-settings=("none|" "selective|--set features.recompute=selective" "full|--set features.recompute=full")
+settings=("none|" "selective|--set features.recompute=selective" "full|--set features.recompute=full"
+  "full, offload|--set features.recompute=full --set features.offload=true")
 [ -z "${HALF:-}" ] || settings+=("full, first $HALF blocks|--set features.recompute=full --set features.recompute_layers=$HALF")
 [ "${REUSE:-0}" = 0 ] || settings+=("bf16|--set training.precision=bf16"
   "bf16, reuse_fp32_param|--set training.precision=bf16 --set features.reuse_fp32_param=true")

@@ -1,7 +1,7 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
 # process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor parallelism over
-# two ranks) and the DiT with full and selective recompute, with the one-process losses (1e-5 relative: only the
+# two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
 # summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
@@ -69,6 +69,11 @@ done
 # block, the text's and the timestep's, are summed in another order, so the weights agree to rounding).
 train dit-recompute 1 "${dit[@]}" --set features.recompute=full --set training.eval_videos=0
 same_losses dit-recompute dit
+# With offload: each block's hidden input goes to the spill file; the text context and time
+# modulation every block reads stay.
+train dit-offload 1 "${dit[@]}" --set features.recompute=full --set features.offload=true \
+  --set training.eval_videos=0
+same_losses dit-offload dit
 # Selective: the norms', modulations' and GELU's outputs emptied after each block and made again.
 train dit-selective 1 "${dit[@]}" --set features.recompute=selective --set training.eval_videos=0
 same_losses dit-selective dit

@@ -398,6 +398,10 @@ void check_rules(const SectionReader& r, const FeaturesSection& f) {
   if (f.recompute_layers != 0 && f.recompute == "none")
     r.fail(&S::recompute_layers, fmt::format("is used only with {} full or selective; it is none",
                                              r.key_of(key::name_of(&S::recompute))));
+  if (f.offload && f.recompute != "full")
+    r.fail(&S::offload,
+           fmt::format("moves out the inputs that full recompute keeps; {} is {} (set it to full)",
+                       r.key_of(key::name_of(&S::recompute)), f.recompute));
 }
 
 void check_rules(const SectionReader& r, const TrainingSection& t) {

@@ -219,6 +219,9 @@ struct FeaturesSection {
   std::string recompute = "none";
   int64_t recompute_layers = 0;  // the first this many blocks of each stage; 0: every block
   bool fused_kernels = true;     // Loom's fused CPU kernels (flash attention) instead of composites
+  // With recompute full: the recomputed blocks' inputs go to a spill file after their forward and
+  // come back one block ahead in backward.
+  bool offload = false;
   // bf16 training: each parameter's fp32 master weight is the bf16 parameter plus a 16-bit residual
   // (2 bytes per parameter less optimizer state, the same updates bit for bit).
   bool reuse_fp32_param = false;
@@ -230,6 +233,7 @@ struct FeaturesSection {
     k("recompute", &S::recompute, one_of({"none", "full", "selective"}));
     k("recompute_layers", &S::recompute_layers, at_least(0));
     k("fused_kernels", &S::fused_kernels);
+    k("offload", &S::offload);
     k("reuse_fp32_param", &S::reuse_fp32_param);
   }
 };

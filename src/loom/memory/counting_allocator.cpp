@@ -46,6 +46,7 @@ CountingAllocator* CountingAllocator::installed() { return the_allocator.load();
 
 CountingAllocator::Scope::Scope() : previous_(counting) { counting = true; }
 CountingAllocator::Scope::~Scope() { counting = previous_; }
+bool CountingAllocator::counts_this_thread() { return counting; }
 
 c10::DataPtr CountingAllocator::allocate(size_t bytes) const {
   void* data = underlying->raw_allocate(bytes);

@@ -34,6 +34,9 @@ class CountingAllocator final : public c10::Allocator {
     bool previous_;
   };
 
+  // Whether this thread's allocations are counted (a Scope is alive on it).
+  static bool counts_this_thread();
+
   int64_t live_bytes() const { return live_.load(); }
   int64_t peak_bytes() const { return peak_.load(); }
   // Starts a new peak from the live bytes.

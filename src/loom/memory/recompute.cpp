@@ -88,15 +88,38 @@ class RecomputeBackward : public torch::autograd::Node {
   void add_output(const std::string& name) { outputs_.push_back(name); }
   void set_generators(GeneratorStates states) { generators_ = std::move(states); }
 
+  // Moves the kept inputs that can be moved, and whose storage nothing in `handed_on` shares, out to
+  // the offloader's spill file: the node holds where they lie instead of the tensors.
+  void offload(Offloader& offloader, const std::set<const c10::StorageImpl*>& handed_on) {
+    std::vector<at::Tensor> moving;
+    slots_.assign(saved_.size(), -1);
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      const at::Tensor t = saved_[i].unpack().detach();
+      if (!Offloader::movable(t) || handed_on.count(t.storage().unsafeGetStorageImpl()) != 0) continue;
+      slots_[i] = static_cast<int>(moving.size());
+      moving.push_back(t);
+    }
+    if (moving.empty()) return;
+    offloaded_ = offloader.move_out(moving);
+    for (size_t i = 0; i < saved_.size(); ++i)
+      if (slots_[i] >= 0) saved_[i].reset_data();
+  }
+
   variable_list apply(variable_list&& grads) override {
     if (!next_)
       throw ModelError("recompute: a layer's backward ran twice (its inputs were already released)");
+    // The block run before this one is backward's next: its offloaded inputs start coming back.
+    if (offloaded_)
+      if (auto previous = offloaded_->previous.lock()) previous->prefetch();
     std::vector<at::Tensor> leaves;
-    for (const auto& saved : saved_) {
-      at::Tensor leaf = saved.unpack().detach();
+    for (size_t i = 0; i < saved_.size(); ++i) {
+      at::Tensor leaf = !slots_.empty() && slots_[i] >= 0
+                            ? offloaded_->tensors[static_cast<size_t>(slots_[i])]->take()
+                            : saved_[i].unpack().detach();
       leaf.requires_grad_(true);
       leaves.push_back(std::move(leaf));
     }
+    offloaded_.reset();
     core::Carry carry;
     for (const auto& [name, index] : inputs_) carry.set(name, leaves[index]);
     for (const auto& [name, tensor] : kept_) carry.set(name, tensor);
@@ -124,6 +147,7 @@ class RecomputeBackward : public torch::autograd::Node {
   void release_variables() override {
     for (auto& saved : saved_) saved.reset_data();
     kept_.clear();
+    offloaded_.reset();
     next_ = nullptr;
   }
 
@@ -134,12 +158,14 @@ class RecomputeBackward : public torch::autograd::Node {
   std::vector<std::pair<std::string, at::Tensor>> kept_;
   std::vector<std::string> outputs_;
   GeneratorStates generators_;
+  std::shared_ptr<OffloadGroup> offloaded_;
+  std::vector<int> slots_;  // per saved input: its place in offloaded_, or -1 when kept here
 };
 
 }  // namespace
 
 core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::Carry)>& next,
-                       bool has_trainable_parameters) {
+                       bool has_trainable_parameters, Offloader* offloader) {
   bool input_needs_grad = false;
   for (const auto& [name, tensor] : carry.tensors()) input_needs_grad |= tensor.requires_grad();
   if (!at::GradMode::is_enabled() || (!input_needs_grad && !has_trainable_parameters))
@@ -197,6 +223,12 @@ core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::
       it = made.emplace(impl, output).first;
     }
     result.set(name, it->second);
+  }
+  if (offloader) {
+    std::set<const c10::StorageImpl*> handed_on;
+    for (const auto& [name, tensor] : result.tensors())
+      if (tensor.defined()) handed_on.insert(tensor.storage().unsafeGetStorageImpl());
+    node->offload(*offloader, handed_on);
   }
   return result;
 }
@@ -304,7 +336,7 @@ core::Carry RecomputeRunner::run(const core::Layer& layer, core::Carry carry,
   }
   bool trainable = false;
   for (const auto& param : layer.module().parameters()) trainable |= param.requires_grad();
-  return recomputed(std::move(carry), next, trainable);
+  return recomputed(std::move(carry), next, trainable, offloader_.get());
 }
 
 std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection& features,
@@ -328,13 +360,21 @@ std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection&
         fmt::format("features.recompute_layers: {} is more than the {} blocks of this stage ({} ... {})",
                     count, blocks.size(), blocks.front()->name(), blocks.back()->name()));
   const bool selective = features.recompute == "selective";
+  std::shared_ptr<Offloader> offloader;
+  if (features.offload && !selective) {
+    offloader = std::make_shared<Offloader>();
+    spdlog::info(
+        "offload: the recomputed blocks' inputs go to a spill file in {} after their forward and are "
+        "read back one block ahead in backward",
+        offloader->path());
+  }
   spdlog::info("recompute {}: {} of {} blocks ({} ... {}) {}", features.recompute, count, blocks.size(),
                blocks.front()->name(), blocks[count - 1]->name(),
                selective
                    ? "make their attention scores and their norms' and activations' outputs again in backward"
                    : "keep only their inputs and run their forward again in backward");
   return std::make_shared<RecomputeRunner>(
-      std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count), selective);
+      std::set<const core::Layer*>(blocks.begin(), blocks.begin() + count), selective, std::move(offloader));
 }
 
 }  // namespace loom::memory

@@ -19,14 +19,17 @@
 
 #include "loom/config/config.h"
 #include "loom/core/layer.h"
+#include "loom/memory/offload.h"
 
 namespace loom::memory {
 
 // Runs `next(carry)` as one recomputed unit: the returned carry's new tensors are outputs of a
 // node that reruns `next` in backward (see above). Entries handed through unchanged stay what they
-// were. Without grad mode, or with nothing to differentiate, it is just `next(carry)`.
+// were. Without grad mode, or with nothing to differentiate, it is just `next(carry)`. With an
+// offloader, the inputs the node keeps (those it does not hand on) are moved out to it after the
+// run and read back when backward comes near (offload.h).
 core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::Carry)>& next,
-                       bool has_trainable_parameters);
+                       bool has_trainable_parameters, Offloader* offloader = nullptr);
 
 // fn(inputs) as one recomputed unit, as `recomputed` runs a layer: backward keeps the inputs, not
 // what fn's operations save, and runs fn again. fn must own what it captures.
@@ -70,23 +73,28 @@ at::Tensor refilled_in_backward(at::Tensor output, std::function<at::Tensor()> r
 // straight on.
 class RecomputeRunner : public core::LayerRunner {
  public:
-  RecomputeRunner(std::set<const core::Layer*> layers, bool selective)
-      : layers_(std::move(layers)), selective_(selective) {}
+  RecomputeRunner(std::set<const core::Layer*> layers, bool selective,
+                  std::shared_ptr<Offloader> offloader = {})
+      : layers_(std::move(layers)), selective_(selective), offloader_(std::move(offloader)) {}
   core::Carry run(const core::Layer& layer, core::Carry carry,
                   const std::function<core::Carry(core::Carry)>& next) override;
   const std::set<const core::Layer*>& layers() const { return layers_; }
   // Selective runs outside FSDP (its refill hooks must follow FSDP's gather), full inside it (its
   // rerun must not pass through FSDP again).
   bool selective() const { return selective_; }
+  // Where full recompute's kept inputs go (features.offload); null when they stay.
+  const std::shared_ptr<Offloader>& offloader() const { return offloader_; }
 
  private:
   std::set<const core::Layer*> layers_;
   bool selective_;
+  std::shared_ptr<Offloader> offloader_;
 };
 
 // The runner `features` asks for over one stage's layers (null for recompute none): the first
-// features.recompute_layers of its blocks, all of them for 0. ConfigError when the stage has fewer
-// blocks than that.
+// features.recompute_layers of its blocks, all of them for 0, their inputs offloaded with
+// features.offload (with full; the config refuses it with selective). ConfigError when the stage
+// has fewer blocks than that.
 std::shared_ptr<RecomputeRunner> recompute_runner(const config::FeaturesSection& features,
                                                   const core::Layers& stage_layers);
 

@@ -296,6 +296,16 @@ TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_config(kMinimal + "features: {recompute: full, recompute_layers: 3}\n", "job.yaml")
                 .features.recompute_layers,
             3);
+  EXPECT_EQ(
+      parse_error(kMinimal + "features: {offload: true}\n"),
+      "job.yaml: features.offload: moves out the inputs that full recompute keeps; features.recompute is "
+      "none (set it to full)");
+  EXPECT_EQ(
+      parse_error(kMinimal + "features: {offload: true, recompute: selective}\n"),
+      "job.yaml: features.offload: moves out the inputs that full recompute keeps; features.recompute is "
+      "selective (set it to full)");
+  EXPECT_TRUE(
+      parse_config(kMinimal + "features: {offload: true, recompute: full}\n", "job.yaml").features.offload);
   EXPECT_EQ(parse_error(with_training("  task: dpo\n")),
             "job.yaml: training.task: 'dpo' is not one of vlm_sft, flow_matching, vae");
   EXPECT_EQ(parse_error(kMinimal, {"training.task=sft"}),

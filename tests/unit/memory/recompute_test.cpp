@@ -171,8 +171,9 @@ TEST(Recompute, AnErrorWhileRecomputingIsTheBackwardsError) {
 
 // h = 2 tanh(x W^T + b): autograd keeps each layer's tanh output and its result (the next layer's
 // input); recomputed, only the result, which the next node keeps as its input. Counted by the
-// allocator: the forward of 3 layers over a 64 x 256 batch leaves at least 6 such tensors, and
-// recomputed exactly 3, with a copy of the CPU generator's state per layer.
+// allocator: the forward of 3 layers over a 64 x 256 batch leaves at least 6 such tensors,
+// recomputed exactly 3, with a copy of the CPU generator's state per layer, and with offload only
+// the last output (the nodes' inputs are in the spill file).
 class DoubledTanh : public core::Layer {
  public:
   explicit DoubledTanh(torch::nn::Linear linear)
@@ -197,17 +198,22 @@ TEST(Recompute, ARecomputedLayerKeepsOnlyItsInputForBackward) {
   const int64_t generator_state = at::detail::getDefaultCPUGenerator().get_state().nbytes();
   config::FeaturesSection full;
   full.recompute = "full";
-  for (const bool recompute : {false, true}) {
+  config::FeaturesSection offloaded = full;
+  offloaded.offload = true;
+  for (const config::FeaturesSection* features :
+       {static_cast<config::FeaturesSection*>(nullptr), &full, &offloaded}) {
     core::RunnerChain runners;
-    if (recompute) runners.push_back(recompute_runner(full, layers));
+    if (features) runners.push_back(recompute_runner(*features, layers));
     core::Carry carry;
     carry.set("hidden", x);
     const int64_t before = counter.live_bytes();
     core::Carry out = core::Stage{layers, runners}.forward(std::move(carry), std::make_shared<NoContext>());
-    if (recompute)
-      EXPECT_EQ(counter.live_bytes() - before, 3 * (one + generator_state));
-    else
+    if (!features)
       EXPECT_GE(counter.live_bytes() - before, 6 * one);
+    else if (!features->offload)
+      EXPECT_EQ(counter.live_bytes() - before, 3 * (one + generator_state));
+    else  // offloaded: the inputs of blocks 1 and 2 (blocks 0's and 1's outputs) left; the caller holds x
+      EXPECT_EQ(counter.live_bytes() - before, one + 3 * generator_state);
     out.get("hidden").sum().backward();
   }
 }
@@ -294,6 +300,80 @@ TEST(SelectiveRecompute, TheScopeIsThisThreadsAndEndsWithIt) {
     EXPECT_FALSE(elsewhere);
   }
   EXPECT_FALSE(selective());
+}
+
+std::shared_ptr<RecomputeRunner> offloading_runner(const core::Layers& layers) {
+  config::FeaturesSection features;
+  features.recompute = "full";
+  features.offload = true;
+  auto runner = recompute_runner(features, layers);
+  EXPECT_NE(runner->offloader(), nullptr);
+  return runner;
+}
+
+// hidden = tanh(linear(hidden)), keeping a copy of every input it is given.
+class RecordingLayer : public core::Layer {
+ public:
+  explicit RecordingLayer(torch::nn::Linear linear)
+      : core::Layer("block", linear.ptr()), linear_(std::move(linear)) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    seen.push_back(carry.get("hidden").detach().clone());
+    carry.set("hidden", at::tanh(at::linear(carry.get("hidden"), linear_->weight, linear_->bias)));
+    return carry;
+  }
+  mutable std::vector<at::Tensor> seen;
+
+ private:
+  torch::nn::Linear linear_;
+};
+
+TEST(Offload, AnOffloadedInputIsBackBeforeTheRecomputeReadsIt) {
+  auto make = [] {
+    at::manual_seed(13);
+    std::vector<std::shared_ptr<RecordingLayer>> out;
+    for (int i = 0; i < 3; ++i) out.push_back(std::make_shared<RecordingLayer>(torch::nn::Linear(8, 8)));
+    return out;
+  };
+  const auto plain = make(), moved = make();
+  const core::Layers plain_layers(plain.begin(), plain.end()), layers(moved.begin(), moved.end());
+  const auto runner = offloading_runner(layers);
+  const at::Tensor x = at::randn({5, 8}).requires_grad_(true), y = x.detach().clone().requires_grad_(true);
+  auto run = [](const core::Layers& l, const core::RunnerChain& runners, const at::Tensor& input) {
+    core::Carry carry;
+    carry.set("hidden", input);
+    return core::Stage{l, runners}.forward(std::move(carry), std::make_shared<NoContext>()).get("hidden");
+  };
+  const at::Tensor want = run(plain_layers, {}, x);
+  const at::Tensor got = run(layers, {runner}, y);
+  const int64_t one = 5 * 8 * 4;
+  EXPECT_EQ(runner->offloader()->bytes_moved(), 3 * one);  // each block's input
+  EXPECT_EQ(runner->offloader()->bytes_prefetched(), 0);
+  (want * want).sum().backward();
+  (got * got).sum().backward();
+  // Backward reached blocks 2 and 1 with the inputs of blocks 1 and 0 read ahead (block 2's, the
+  // first needed, is read when its node runs); each recompute saw the input its forward saw.
+  EXPECT_EQ(runner->offloader()->bytes_prefetched(), 2 * one);
+  for (const auto& layer : moved) {
+    ASSERT_EQ(layer->seen.size(), 2U);
+    EXPECT_TRUE(layer->seen[1].equal(layer->seen[0]));
+  }
+  EXPECT_TRUE(y.grad().equal(x.grad()));
+  for (size_t i = 0; i < plain.size(); ++i) {
+    const auto want_params = plain[i]->module().parameters(), got_params = moved[i]->module().parameters();
+    for (size_t k = 0; k < want_params.size(); ++k)
+      EXPECT_TRUE(got_params[k].grad().equal(want_params[k].grad()));
+  }
+}
+
+TEST(Offload, PassThroughEntriesAreNeverMoved) {
+  const Stack stack(2);
+  const auto runner = offloading_runner(stack.layers);
+  const at::Tensor shared = at::full({4, 6}, 0.25).requires_grad_(true);
+  const at::Tensor loss = run(stack, {runner}, input(), shared);
+  EXPECT_EQ(runner->offloader()->bytes_moved(), 2 * 4 * 6 * 4);  // the two hidden inputs, not shared
+  loss.backward();
+  EXPECT_TRUE(shared.grad().defined());
 }
 
 TEST(Recompute, NoneBuildsNoRunner) {
