@@ -312,11 +312,6 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
           "the "
           "parameters themselves, with no bf16 copy to reuse (the bf16 weights are gathered from it for each "
           "use)");
-    if (data && p.zero == 1)
-      throw ConfigError(
-          "features.reuse_fp32_param: parallel.zero=1 keeps each rank's slice of the fp32 master apart from "
-          "the "
-          "bf16 parameters; the master is held in the parameters with zero 0 only in this version");
     adamw.split_master = true;
   }
   std::string layout;
@@ -349,7 +344,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
       sync->sharded = std::make_shared<ShardedAdamW>(data, params, adamw);
       plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);
       bytes.optimizer = sync->sharded->state_bytes();
-      layout = fmt::format(" (ZeRO-1: 1/{} of the master weights and moments)", data->size());
+      layout = fmt::format(" (ZeRO-1: 1/{} of the master weights{} and moments)", data->size(),
+                           adamw.split_master ? ", held as 16-bit residuals beside the bf16 parameters" : "");
     } else {
       if (data)
         sync->reducer = std::make_unique<dist::GradReducer>(data, sync->trainable, p.bucket_mb << 20,

@@ -22,6 +22,27 @@ ShardedAdamW::ShardedAdamW(std::shared_ptr<dist::Comm> comm, std::vector<NamedPa
   }
   add(std::make_shared<parallel::FlatShard>(std::move(names), std::move(tensors), comm_->rank(),
                                             comm_->size()));
+  if (split()) {
+    for (const auto& p : params)
+      if (p.param.scalar_type() != at::kBFloat16)
+        throw ModelError(fmt::format("sharded AdamW: split masters need bf16 parameters; '{}' is {}", p.name,
+                                     c10::toString(p.param.scalar_type())));
+    for (Slot& s : slots_) split_master(s, s.shard->master);  // the parameters themselves: residual 0
+  }
+}
+
+at::Tensor ShardedAdamW::joined_master(const Slot& s) const {
+  at::Tensor high = at::zeros({s.shard->slice_numel()}, at::kFloat);
+  std::vector<at::Tensor> params;
+  for (const auto& p : s.shard->params()) params.push_back(p.detach());
+  s.shard->take_slice(params, high);  // bf16 values, exact in fp32
+  return memory::join_master(high.to(at::kBFloat16), s.split);
+}
+
+void ShardedAdamW::split_master(Slot& s, const at::Tensor& master) {
+  at::Tensor high = at::empty({master.numel()}, at::kBFloat16);
+  s.split = memory::split_master(master, high);
+  s.shard->master = at::Tensor();
 }
 
 ShardedAdamW::ShardedAdamW(std::shared_ptr<dist::Comm> comm,
@@ -141,6 +162,7 @@ void ShardedAdamW::step(double lr) {
   at::NoGradGuard no_grad;
   ++step_;
   for (Slot& s : slots_) {
+    if (split()) s.shard->master = joined_master(s);
     at::Tensor& master = s.shard->master;
     // Parameters no rank gave a gradient keep their weights and moments.
     at::Tensor kept_master, kept_avg, kept_avg_sq;
@@ -168,6 +190,7 @@ void ShardedAdamW::step(double lr) {
     at::Tensor p = shard.params()[i];
     p.copy_(shard.unflatten(weights, i));  // rounds into bf16 parameters
   }
+  if (split()) split_master(slots_.front(), shard.master);
 }
 
 void ShardedAdamW::zero_grad() {
@@ -189,7 +212,8 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedAdamW::state_dict() const
   std::vector<std::pair<std::string, at::Tensor>> out;
   for (const Slot& s : slots_) {
     const parallel::FlatShard& shard = *s.shard;
-    const at::Tensor m = gather(s.exp_avg), v = gather(s.exp_avg_sq), w = gather(shard.master);
+    const at::Tensor m = gather(s.exp_avg), v = gather(s.exp_avg_sq),
+                     w = gather(split() ? joined_master(s) : shard.master);
     for (size_t i = 0; i < shard.params().size(); ++i) {
       const std::string& name = shard.names()[i];
       out.emplace_back("exp_avg." + name, shard.unflatten(m, i));
@@ -224,14 +248,23 @@ void ShardedAdamW::load_state_dict(const std::vector<std::pair<std::string, at::
     }
     shard.take_slice(m, s.exp_avg);
     shard.take_slice(v, s.exp_avg_sq);
-    shard.take_slice(w, shard.master);
+    if (split()) {
+      // The parameters were loaded from the same checkpoint: they are the master's rounding.
+      at::Tensor master = at::zeros({shard.slice_numel()}, at::kFloat);
+      shard.take_slice(w, master);
+      split_master(s, master);
+    } else {
+      shard.take_slice(w, shard.master);
+    }
   }
   step_ = checked.at("step").item<int64_t>();
 }
 
 int64_t ShardedAdamW::state_bytes() const {
   int64_t bytes = 0;
-  for (const Slot& s : slots_) bytes += s.shard->master.nbytes() + s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
+  for (const Slot& s : slots_)
+    bytes += (split() ? s.split.bytes() : static_cast<int64_t>(s.shard->master.nbytes())) +
+             s.exp_avg.nbytes() + s.exp_avg_sq.nbytes();
   return bytes;
 }
 

@@ -5,6 +5,8 @@
 // ZeRO-1 (distributed optimizer): one shard over every trainable parameter, which stays whole on
 // every rank. A step reduce-scatters the gradients (each rank receives the sum of its slice), clips
 // by the global norm, updates the slice, and all-gathers the updated weights into the parameters.
+// With AdamWOptions::split_master (every parameter bf16) the master slice lives between steps as a
+// 16-bit residual beside the parameters' own slice (memory/fp32_reuse.h), joined for the step.
 // FSDP (ZeRO-3): the shards are the FSDP units' (parallel/fsdp.h), whose gradients the FSDP engine
 // reduce-scatters; the optimizer only clips and updates, and FSDP gathers the parameters when a
 // forward pass needs them.
@@ -66,7 +68,8 @@ class ShardedAdamW {
   void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state);
 
   int64_t step_count() const { return step_; }
-  // Bytes this rank holds for the optimizer: its slices of the master weights and both moments.
+  // Bytes this rank holds for the optimizer: its slices of the master weights (or of their
+  // residuals, with options.split_master) and both moments.
   int64_t state_bytes() const;
 
  private:
@@ -75,8 +78,16 @@ class ShardedAdamW {
     at::Tensor exp_avg, exp_avg_sq;  // fp32 [slice]
     at::Tensor decays;               // bool [slice]: weight decay applies
     at::Tensor updates;              // bool [slice]: got a gradient on some rank; undefined: all did
+    // ZeRO-1 with options.split_master: the master slice held as the residual beside the bf16
+    // parameters' own slice (shard->master is then undefined between steps).
+    memory::SplitMaster split;
   };
   void add(std::shared_ptr<parallel::FlatShard> shard);
+  // The fp32 master slice of a split slot: the parameters' slice joined with its residual.
+  at::Tensor joined_master(const Slot& s) const;
+  // Holds `master` as the residual beside the parameters' slice (which must be its rounding).
+  static void split_master(Slot& s, const at::Tensor& master);
+  bool split() const { return zero1_ && options_.split_master; }
   std::vector<NamedParam> named(const parallel::FlatShard& shard) const;
   at::Tensor gather(const at::Tensor& slice) const;  // the whole flat vector of a per-rank slice
 
