@@ -253,6 +253,24 @@ class KeyReader {
       return as_string(value, key);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       return as_string_list(value, key);
+    } else if constexpr (std::is_same_v<T, std::map<std::string, std::vector<int64_t>>>) {
+      // A mapping of integer lists under any names (the model checks them: pipeline towers).
+      if (value.kind == YamlValue::Kind::Null) return {};
+      if (value.kind != YamlValue::Kind::Mapping)
+        fail_at(value, key,
+                fmt::format("expected a mapping of integer lists such as {{a: [1, 2]}}, got {}",
+                            describe(value)));
+      T out;
+      for (const auto& [entry, list] : value.entries) {
+        const std::string entry_key = key + "." + entry;
+        if (list.kind != YamlValue::Kind::Sequence)
+          fail_at(list, entry_key,
+                  fmt::format("expected a list of integers such as [1, 2], got {}", describe(list)));
+        std::vector<int64_t>& numbers = out[entry];
+        for (size_t i = 0; i < list.items.size(); ++i)
+          numbers.push_back(as_integer(list.items[i], fmt::format("{}[{}]", entry_key, i)));
+      }
+      return out;
     } else if constexpr (std::is_same_v<T, std::map<std::string, std::string>>) {
       // A mapping of strings under the names the key allows.
       static_assert((std::is_same_v<A, key::Names> || ...), "a mapping key needs names(...)");

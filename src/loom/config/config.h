@@ -42,6 +42,9 @@ struct ModelSection {
                                     // config.json of init_from
   std::string init_from;            // "" or a model directory (HF-style config.json + safetensors)
   std::vector<std::string> freeze;  // module name prefixes to freeze, e.g. [visual]
+  // parallel.pp > 1: per tower (visual, llm; dit), how many of its blocks each pipeline stage holds,
+  // chunk-major with virtual stages; empty: split by estimated cost (docs/parallelism.md).
+  std::map<std::string, std::vector<int64_t>> pipeline_layers;
   // family wan only: the frozen helpers of flow matching.
   std::string vae;                // a Wan VAE model directory, or the run directory of a vae job
   nlohmann::json vae_config;      // model.vae inline: a WanVAE_ config's fields, the weights drawn from
@@ -66,6 +69,7 @@ struct ModelSection {
       not_empty("a path to a HF config.json, a published model's name, or an inline mapping"));
     k("init_from", &S::init_from);
     k("freeze", &S::freeze, no_empty_entry("module prefix"));
+    k("pipeline_layers", &S::pipeline_layers);
     k("vae",
       path_or_mapping(&S::vae, &S::vae_config,
                       "a Wan VAE model directory, a vae job's run directory or an inline WanVAE_ config "
@@ -178,7 +182,9 @@ struct DataSection {
 
 struct ParallelSection {
   int64_t tp = 1, pp = 1, cp = 1, ep = 1;
-  int64_t dp = 0;  // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
+  int64_t virtual_stages = 1;              // model chunks per pipeline rank (interleaved 1F1B when > 1)
+  std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe
+  int64_t dp = 0;                          // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
   bool sequence_parallel = false;
   int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
   int64_t zero = 0;         // 0, 1 or 3
@@ -200,6 +206,8 @@ struct ParallelSection {
     using S = ParallelSection;
     k("tp", &S::tp, at_least(1));
     k("pp", &S::pp, at_least(1));
+    k("virtual_stages", &S::virtual_stages, at_least(1), at_most(int64_t{1024}));
+    k("pipeline_schedule", &S::pipeline_schedule, one_of({"1f1b", "gpipe"}));
     k("cp", &S::cp, at_least(1));
     k("ep", &S::ep, at_least(1));
     k("dp", &S::dp, integer_or_auto());
@@ -409,10 +417,12 @@ std::vector<std::pair<std::string, std::vector<std::string>>> declared_keys();
 // The model sizes the parallel layout must fit.
 struct ModelDims {
   int64_t llm_heads, llm_kv_heads, vision_heads, vocab_size, llm_layers;
+  int64_t blocks = 0;  // every tower's blocks, what pipeline stages are cut from (0: llm_layers)
 };
 
 // Checks the parallel layout against the model and the world size (heads, kv heads, vocab and layers
-// split evenly, tp*cp*pp*dp == world_size, global batch divisible by micro*dp), then refuses every
+// split evenly, tp*cp*pp*dp == world_size, global batch divisible by micro*dp, at least one block per
+// pipeline stage and, interleaved, whole groups of pp micro-batches), then refuses every
 // parallelism this build cannot run. Throws loom::ConfigError.
 void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t world_size);
 

@@ -140,6 +140,16 @@ class KeyWriter {
     return "[" + out + "]";
   }
   template <class... A>
+  static std::string scalar(const std::map<std::string, std::vector<int64_t>>& entries, const A&...) {
+    std::string out;
+    for (const auto& [name, numbers] : entries) {
+      std::string list;
+      for (int64_t n : numbers) list += (list.empty() ? "" : ", ") + std::to_string(n);
+      out += fmt::format("{}{}: [{}]", out.empty() ? "" : ", ", yaml_string(name), list);
+    }
+    return "{" + out + "}";
+  }
+  template <class... A>
   static std::string scalar(const std::map<std::string, std::string>& entries, const A&...) {
     std::string out;
     for (const auto& [name, value] : entries)

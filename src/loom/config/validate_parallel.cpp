@@ -63,9 +63,23 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
                      dims.vocab_size, join_numbers(valid_tp)));
   if (p.sequence_parallel && p.tp == 1)
     fail("parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the sequence across tp ranks)");
-  if (p.pp > dims.llm_layers)
-    fail(fmt::format("parallel.pp={} exceeds the model's {} LLM layers; valid pp: 1 to {}", p.pp,
-                     dims.llm_layers, dims.llm_layers));
+  const int64_t blocks = dims.blocks > 0 ? dims.blocks : dims.llm_layers;
+  if (p.pp * p.virtual_stages > blocks)
+    fail(
+        fmt::format("parallel.pp={} x parallel.virtual_stages={} = {} pipeline stages exceeds the model's {} "
+                    "blocks (each stage "
+                    "holds at least one); valid pp: 1 to {}",
+                    p.pp, p.virtual_stages, p.pp * p.virtual_stages, blocks, blocks / p.virtual_stages));
+  if (p.pp == 1 && p.virtual_stages > 1)
+    fail(fmt::format(
+        "parallel.virtual_stages={} needs parallel.pp > 1 (it cuts each pipeline rank's layers into "
+        "chunks)",
+        p.virtual_stages));
+  if (p.pp == 1 && p.pipeline_schedule != "1f1b")
+    fail(fmt::format("parallel.pipeline_schedule={}: only read with parallel.pp > 1 (remove it, or set pp)",
+                     p.pipeline_schedule));
+  if (p.pp == 1 && !config.model.pipeline_layers.empty())
+    fail("model.pipeline_layers: only read with parallel.pp > 1 (remove it, or set pp)");
 
   int64_t dp = 0;
   try {
@@ -83,9 +97,19 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
     fail(fmt::format("training.global_batch_size={} is not divisible by micro_batch_size*dp = {}*{} = {}",
                      t.global_batch_size, t.micro_batch_size, dp, t.micro_batch_size * dp));
 
+  const int64_t micro_batches = t.global_batch_size / (t.micro_batch_size * dp);
+  if (p.virtual_stages > 1 && micro_batches % p.pp != 0)
+    fail(
+        fmt::format("parallel.virtual_stages={}: the interleaved schedule takes micro-batches in groups of "
+                    "parallel.pp={}, "
+                    "but a step has {} per rank (global_batch_size / (micro_batch_size*dp) = {} / ({}*{}))",
+                    p.virtual_stages, p.pp, micro_batches, t.global_batch_size, t.micro_batch_size, dp));
+
   // The layout is sound; now refuse what this build cannot run rather than ignore it.
   const char* kUnavailable = "is not available in this version of Loom";
-  if (p.pp > 1) fail(fmt::format("parallel.pp={}: pipeline parallelism {}", p.pp, kUnavailable));
+  if (p.pp > 1 && p.zero == 3 && dp > 1)
+    fail(fmt::format("parallel.zero=3 with parallel.pp={}: FSDP under pipeline parallelism {} (use zero 1)",
+                     p.pp, kUnavailable));
   if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
   if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
 }

@@ -58,6 +58,9 @@ class Layer {
   // One of the model's repeated blocks (a transformer block): the FSDP units when
   // parallel.fsdp_plan names none.
   virtual bool block() const { return false; }
+  // The tower it belongs to (visual, llm, dit): model.pipeline_layers lists each tower's blocks per
+  // pipeline stage. "": the model is not cut into pipeline stages.
+  virtual std::string tower() const { return ""; }
   // Whether something outside the layers also reads its parameters (a tied LM head reads the token
   // embedding), so FSDP cannot free them after the layer runs.
   virtual bool parameters_read_outside() const { return false; }

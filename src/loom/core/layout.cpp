@@ -13,6 +13,7 @@ Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
       layout.world, dist::GridSizes{p.tp, p.cp, p.ep, layout.data_parallel, p.pp});
   layout.data = layout.groups->group({dist::Axis::dp, dist::Axis::cp});
   if (p.tp > 1) layout.tp = layout.groups->group({dist::Axis::tp});
+  if (p.pp > 1) layout.pipeline = layout.groups->group({dist::Axis::pp});
   return layout;
 }
 

@@ -1,6 +1,7 @@
 // The process groups a job's model, task and plan are built over, from the job's parallel section
 // and the world of processes: data parallelism (x context parallelism) sums gradients and shares
-// out the data; tensor parallelism splits layers.
+// out the data; tensor parallelism splits layers; pipeline parallelism cuts the layer list into
+// stages (every rank of a pipeline reads the same data).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -16,6 +17,7 @@ struct Layout {
   std::shared_ptr<dist::ParallelState> groups;  // with world
   std::shared_ptr<dist::Comm> data;             // with world: dp x cp
   std::shared_ptr<dist::Comm> tp;               // with world and tp > 1
+  std::shared_ptr<dist::Comm> pipeline;         // with world and pp > 1
   int64_t data_parallel = 1;                    // dp
 
   bool is_main() const { return !world || world->rank() == 0; }

@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "loom/util/errors.h"
+#include "loom/util/tensor_storage.h"
 
 namespace loom::memory {
 namespace {
@@ -237,8 +238,6 @@ namespace {
 
 thread_local bool selective_on = false;
 thread_local std::vector<Refill>* collected = nullptr;
-
-void release_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
 
 // Makes every emptied tensor again, in its own storage: the new data pointer moves in without
 // touching the tensor's version, which autograd checks.

@@ -203,10 +203,11 @@ Qwen2VLConfig job_model_config(const config::JobConfig& job) {
 }
 
 void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size) {
-  config::validate_parallel(job,
-                            {model.text.num_heads, model.text.num_kv_heads, model.vision.num_heads,
-                             model.text.vocab_size, model.text.num_layers},
-                            world_size);
+  config::validate_parallel(
+      job,
+      {model.text.num_heads, model.text.num_kv_heads, model.vision.num_heads, model.text.vocab_size,
+       model.text.num_layers, model.vision.depth + model.text.num_layers},
+      world_size);
 }
 
 }  // namespace loom::models

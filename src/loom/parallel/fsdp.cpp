@@ -10,23 +10,16 @@
 
 #include "loom/dist/gradient_ready_hook.h"
 #include "loom/util/errors.h"
+#include "loom/util/tensor_storage.h"
 
 namespace loom::parallel {
 
 namespace {
 
 // A unit's whole buffer keeps its tensor (and the parameters viewing it) while its memory comes and
-// goes: the storage is emptied when the unit is freed and refilled before it is gathered. Tensors
-// that autograd saved from the parameters share that storage, so they see the gathered values again
-// when backward needs them.
-void release_storage(const at::Tensor& t) { t.storage().unsafeGetStorageImpl()->reset(); }
-
-void allocate_storage(const at::Tensor& t) {
-  c10::StorageImpl* storage = t.storage().unsafeGetStorageImpl();
-  const size_t bytes = static_cast<size_t>(t.numel()) * t.element_size();
-  storage->set_data_ptr_noswap(storage->allocator()->allocate(bytes));
-  storage->set_nbytes(bytes);
-}
+// goes (util/tensor_storage.h): the storage is emptied when the unit is freed and refilled before it
+// is gathered. Tensors that autograd saved from the parameters share that storage, so they see the
+// gathered values again when backward needs them.
 
 std::vector<std::string> split_path(const std::string& path) {
   std::vector<std::string> parts;

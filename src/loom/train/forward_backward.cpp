@@ -1,11 +1,16 @@
 #include "loom/train/forward_backward.h"
 
 #include <fmt/format.h>
+#include <torch/csrc/autograd/autograd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <map>
+#include <utility>
 
 #include "loom/memory/counting_allocator.h"
+#include "loom/parallel/pipeline/exchange.h"
+#include "loom/parallel/pipeline/order.h"
 #include "loom/util/errors.h"
 #include "loom/util/timer.h"
 
@@ -42,6 +47,113 @@ ScheduleResult forward_backward_no_pipelining(
     r.flops += out.flops;
     r.sync_s += sync.end_pass();
   }
+  return r;
+}
+
+ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
+                                          const std::vector<core::Stage>& stages,
+                                          const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+                                          const PipelineRun& pipeline, double scale, GradientSync& sync) {
+  namespace pp = parallel::pipeline;
+  using Kind = pp::Action::Kind;
+  const int64_t rank = pipeline.comm->rank(), ranks = pipeline.comm->size();
+  const pp::Shape shape{ranks, static_cast<int64_t>(stages.size()), static_cast<int64_t>(batches.size())};
+  const std::vector<pp::Action> order =
+      pipeline.schedule == "gpipe" ? pp::gpipe_order(shape, rank) : pp::one_f_one_b_order(shape, rank);
+  const int64_t next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
+  pp::CarryExchange exchange(pipeline.comm, shape.global_stages());
+  // Each forward's header receive starts once the forward before it has its input.
+  std::vector<const pp::Action*> receives;
+  for (const pp::Action& a : order)
+    if (a.kind == Kind::receive_forward) receives.push_back(&a);
+  size_t next_receive = 0;
+  auto start_next_receive = [&] {
+    if (next_receive < receives.size()) {
+      const pp::Action& a = *receives[next_receive++];
+      exchange.start_receive_forward(previous, a.micro_batch, pp::global_stage(shape, rank, a.chunk));
+    }
+  };
+  start_next_receive();
+  size_t last_backward = 0;
+  for (size_t i = 0; i < order.size(); ++i)
+    if (order[i].kind == Kind::backward) last_backward = i;
+
+  // What a micro-batch's pass through one chunk holds from its forward to its backward.
+  struct InFlight {
+    core::Carry input, output;
+    std::map<std::string, at::Tensor> output_grads;
+    at::Tensor loss;
+  };
+  std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
+  const memory::CountingAllocator* counter = memory::CountingAllocator::installed();
+  const int64_t allocated_before = counter ? counter->live_bytes() : 0;
+  ScheduleResult r;
+  sync.begin_pass();
+  for (size_t i = 0; i < order.size(); ++i) {
+    const pp::Action& a = order[i];
+    const int64_t stage = pp::global_stage(shape, rank, a.chunk);
+    const core::Stage& chunk = stages[static_cast<size_t>(a.chunk)];
+    InFlight& pass = in_flight[{a.micro_batch, a.chunk}];
+    switch (a.kind) {
+      case Kind::receive_forward:
+        pass.input = exchange.receive_forward(previous, a.micro_batch, stage);
+        start_next_receive();
+        break;
+      case Kind::forward: {
+        const auto begin = Clock::now();
+        core::ForwardResult out =
+            forward_step(*batches[static_cast<size_t>(a.micro_batch)], chunk, pass.input);
+        if (chunk.last) {
+          pass.loss = out.loss_sum;
+          r.loss_sum += out.loss_sum.item<double>();
+          r.tokens += out.tokens;
+          r.samples += out.samples;
+          r.flops += out.flops;
+        } else {
+          pass.output = std::move(out.output);
+        }
+        if (counter)
+          r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
+        r.forward_s += seconds_since(begin);
+        break;
+      }
+      case Kind::send_forward:
+        exchange.send_forward(pass.output, next, a.micro_batch, stage);
+        exchange.start_receive_backward(pass.output, next, a.micro_batch, stage);
+        break;
+      case Kind::receive_backward:
+        pass.output_grads = exchange.receive_backward(a.micro_batch, stage);
+        break;
+      case Kind::backward: {
+        sync.before_backward(i == last_backward);
+        const auto begin = Clock::now();
+        if (chunk.last) {
+          (pass.loss * scale).backward();
+        } else {
+          // From the output entries that need a gradient, with the gradients the next stage sent back.
+          std::vector<at::Tensor> outputs, grads;
+          for (auto& [name, grad] : pass.output_grads) {
+            outputs.push_back(pass.output.get(name));
+            grads.push_back(std::move(grad));
+          }
+          if (!outputs.empty()) torch::autograd::backward(outputs, grads);
+        }
+        r.backward_s += seconds_since(begin);
+        pass.output = core::Carry();
+        pass.output_grads.clear();
+        pass.loss = at::Tensor();
+        if (stage == 0) in_flight.erase({a.micro_batch, a.chunk});
+        break;
+      }
+      case Kind::send_backward:
+        exchange.send_backward(pass.input, previous, a.micro_batch, stage);
+        in_flight.erase({a.micro_batch, a.chunk});
+        break;
+    }
+  }
+  r.receive_wait_s = exchange.take_receive_wait();
+  r.sync_s += exchange.wait_sends();
+  r.sync_s += sync.end_pass();
   return r;
 }
 

@@ -6,9 +6,11 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/core/task.h"
+#include "loom/dist/comm.h"
 #include "loom/train/plan.h"
 
 namespace loom::train {
@@ -25,8 +27,10 @@ struct ScheduleResult {
   double forward_s = 0, backward_s = 0;
   double sync_s = 0;  // waited in the passes' communication (FSDP)
   // Under a counting allocator (loom bench): the most bytes one micro-batch's forward left allocated
-  // for its backward (saved activations and the loss), 0 without one.
+  // for its backward (saved activations and the loss), 0 without one; under pipeline parallelism the
+  // most the step's forwards held at once (every micro-batch in flight on this rank).
   int64_t activation_bytes = 0;
+  double receive_wait_s = 0;  // pipeline: waited for the stages before and after (the bubble)
 };
 
 // One stage holding every layer: each micro-batch in turn, forward then backward of its loss sum
@@ -37,5 +41,16 @@ ScheduleResult forward_backward_no_pipelining(
     const ForwardStep& forward_step, const std::vector<core::Stage>& stages,
     const std::vector<std::shared_ptr<const core::MicroBatch>>& batches, size_t passes, double scale,
     GradientSync& sync);
+
+// This rank's chunks of a pipeline (`stages`, one per virtual stage, in chunk order) over the step's
+// micro-batches, in the order the schedule gives (parallel/pipeline/order.h): each forward's input
+// received from the stage before and its output sent on; the last stage's loss sums times `scale`
+// started backward, every other stage's backward driven by the gradients of its output received from
+// the stage after, and its input's gradients sent back. Every rank of the pipeline holds the same
+// micro-batches; the loss, tokens, samples and FLOPs are counted on the last stage.
+ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
+                                          const std::vector<core::Stage>& stages,
+                                          const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+                                          const PipelineRun& pipeline, double scale, GradientSync& sync);
 
 }  // namespace loom::train

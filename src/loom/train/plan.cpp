@@ -1,6 +1,7 @@
 #include "loom/train/plan.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -13,6 +14,7 @@
 #include "loom/memory/recompute.h"
 #include "loom/parallel/fsdp.h"
 #include "loom/parallel/tensor.h"
+#include "loom/train/pipeline_placement.h"
 #include "loom/train/schedule.h"
 #include "loom/train/sharded_adamw.h"
 #include "loom/util/errors.h"
@@ -109,6 +111,8 @@ class LayoutGradients : public GradientSync {
   std::unique_ptr<dist::GradReducer> reducer;
   std::shared_ptr<parallel::FullyShardedModel> fsdp;
   std::shared_ptr<ShardedAdamW> sharded;
+  std::shared_ptr<PipelinePlacement> pipeline;  // null: pp 1
+  std::vector<bool> counted;                    // under pp: whether this rank counts trainable[i]'s norm
   int64_t bucket_mb = 0;
   bool overlap = false;
 
@@ -145,6 +149,7 @@ class LayoutGradients : public GradientSync {
       sum_tensor_parallel_shards();  // FSDP has reduce-scattered over the data-parallel ranks
     } else {
       sum_tensor_parallel_parts();
+      if (pipeline) pipeline->sum_shared_gradients();    // a tied embedding's two stages
       if (sharded) sharded->reduce_scatter_gradients();  // ZeRO-1
     }
     return waited + seconds_since(begin);
@@ -207,18 +212,22 @@ class LayoutGradients : public GradientSync {
 
   double clip(double max_norm) override {
     if (sharded) return sharded->clip_gradients(max_norm);
+    if (pipeline) return clip_grad_norm(trainable, tp_share, counted, tp.get(), *pipeline->comm(), max_norm);
     if (tp_share.empty()) return clip_grad_norm(trainable, max_norm);
     return clip_grad_norm(trainable, tp_share, *tp, max_norm);
   }
 
   void gather_parameters() override {
     if (fsdp) fsdp->gather_all();
+    if (pipeline) pipeline->gather();
   }
   void release_parameters() override {
+    if (pipeline) pipeline->release();
     if (fsdp) fsdp->release_all();
   }
   void reshard_from_parameters() override {
     if (fsdp) fsdp->reshard_from_parameters();
+    if (pipeline) pipeline->release();
   }
 
   std::vector<std::pair<std::string, at::Tensor>> whole_gradients() const override {
@@ -256,14 +265,30 @@ class LayoutGradients : public GradientSync {
 
 }  // namespace
 
-AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& params,
+AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& model_params,
                               const config::JobConfig& job, std::shared_ptr<dist::Comm> data,
-                              std::shared_ptr<dist::Comm> tp) {
+                              std::shared_ptr<dist::Comm> tp, std::shared_ptr<dist::Comm> pipeline) {
   const auto& p = job.parallel;
   const auto& t = job.training;
   const core::Layers layers = model.layers();
   core::RunnerChain runners;  // outermost first
   auto sync = std::make_unique<LayoutGradients>();
+  // Under pipeline parallelism, this rank's stages' parameters: the rest is not held here.
+  std::vector<NamedParam> params = model_params;
+  if (pipeline) {
+    if (job.tools.dump_gradients > 0)
+      throw ConfigError(
+          fmt::format("tools.dump_gradients: parallel.pp={} holds each stage's gradients on its own ranks; "
+                      "dump them with pp 1",
+                      p.pp));
+    sync->pipeline = std::make_shared<PipelinePlacement>(model, job, pipeline);
+    params.clear();
+    for (const auto& param : model_params)
+      if (sync->pipeline->holds(param.name)) {
+        params.push_back(param);
+        sync->counted.push_back(sync->pipeline->counts(param.name));
+      }
+  }
   sync->data = data;
   sync->tp = tp;
   sync->bucket_mb = p.bucket_mb;
@@ -358,6 +383,13 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     }
   }
   sync->state_bytes_total = bytes.total();
+  if (sync->sharded && sync->pipeline) {
+    // The norm sums over the pipeline's stages, each parameter counted by one of them.
+    std::set<std::string> uncounted;
+    for (size_t i = 0; i < params.size(); ++i)
+      if (!sync->counted[i]) uncounted.insert(params[i].name);
+    sync->sharded->set_pipeline(pipeline, std::move(uncounted));
+  }
   if (sync->sharded && tp_size > 1) {
     // The norm over tensor-parallel slices counts each slice's share (whole parameters once).
     std::map<std::string, double> share;
@@ -399,17 +431,40 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   if (p.zero == 3 && !data) parallel::fsdp_planned_layers(p.fsdp_plan, layers);  // a bad plan fails here too
   if (p.zero != 0 && !data)
     spdlog::info("parallel.zero={}: one process holds everything; there is nothing to shard", p.zero);
+  const std::shared_ptr<PipelinePlacement> placement = sync->pipeline;
   plan.gradients = std::move(sync);
-  // Full recompute sits inside FSDP, which gathers the layer again before its backward recomputes it;
-  // selective outside it, so that gather comes before the refill of the norms' outputs.
-  if (auto recompute = memory::recompute_runner(job.features, layers)) {
-    if (recompute->selective())
-      runners.insert(runners.begin(), std::move(recompute));
-    else
-      runners.push_back(std::move(recompute));
+  if (placement) {
+    std::set<std::string> trainable;
+    for (const auto& param : model_params) trainable.insert(param.name);
+    plan.optimizer = pipelined_optimizer(std::move(plan.optimizer), placement, std::move(trainable));
   }
-  // One stage, every layer (pipeline parallelism is refused before the plan is applied).
-  plan.stages.push_back(core::Stage{layers, std::move(runners), true, true});
+  // One stage holding every layer, or this rank's chunks of a pipeline, each with a recompute runner
+  // of its own (for its first recompute_layers blocks). Full recompute sits inside FSDP, which gathers
+  // the layer again before its backward recomputes it; selective outside it, so that gather comes
+  // before the refill of the norms' outputs.
+  const std::vector<core::Stage> stages =
+      placement ? placement->chunks() : std::vector<core::Stage>{core::Stage{layers, {}, true, true}};
+  for (const core::Stage& bare : stages) {
+    core::Stage stage = bare;
+    stage.runners = runners;
+    if (auto recompute = memory::recompute_runner(job.features, stage.layers)) {
+      if (recompute->selective())
+        stage.runners.insert(stage.runners.begin(), std::move(recompute));
+      else
+        stage.runners.push_back(std::move(recompute));
+    }
+    plan.stages.push_back(std::move(stage));
+  }
+  if (!placement) return plan;
+  plan.pipeline = {pipeline, p.pipeline_schedule};
+  plan.pipeline_parallel = pipeline->size();
+  std::vector<std::string> held;
+  for (const core::Stage& stage : plan.stages)
+    held.push_back(fmt::format("{} to {}", stage.layers.front()->name(), stage.layers.back()->name()));
+  spdlog::info("pipeline parallelism (pp={}, {}{}): {}; this rank (pipeline rank {}) runs {}",
+               pipeline->size(), p.virtual_stages > 1 ? "interleaved 1f1b" : p.pipeline_schedule,
+               p.virtual_stages > 1 ? fmt::format(", {} virtual stages", p.virtual_stages) : "",
+               placement->description(), pipeline->rank(), fmt::join(held, ", "));
   return plan;
 }
 

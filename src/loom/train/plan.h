@@ -75,20 +75,30 @@ class Optimizer {
   virtual void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) = 0;
 };
 
+// The pipeline a rank's stages belong to (no comm: one stage holds every layer).
+struct PipelineRun {
+  std::shared_ptr<dist::Comm> comm;  // the pipeline group: rank r holds global stages r, r + pp, ...
+  std::string schedule = "1f1b";     // 1f1b (interleaved with virtual stages) | gpipe
+};
+
 struct AppliedPlan {
-  std::vector<core::Stage> stages;  // the model's layers this rank runs, with their runners
+  // The model's layers this rank runs, with their runners: one stage, or under pipeline parallelism
+  // one per virtual stage in chunk order.
+  std::vector<core::Stage> stages;
+  PipelineRun pipeline;
   std::unique_ptr<GradientSync> gradients;
   std::unique_ptr<Optimizer> optimizer;
   ModelStateBytes bytes;  // this rank's, between steps
-  int64_t data_parallel = 1, tensor_parallel = 1;
+  int64_t data_parallel = 1, tensor_parallel = 1, pipeline_parallel = 1;
 };
 
 // Applies the job's parallel section to `model`, whose parameters named `trainable` train:
 // `data` is the group gradients are summed over (data x context parallel; null for one process),
-// `tp` the tensor-parallel group the model was built over (null: tp 1).
+// `tp` the tensor-parallel group the model was built over (null: tp 1), `pipeline` the pipeline
+// group (null: pp 1; then this rank holds, trains and steps only its stages' parameters).
 AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& trainable,
                               const config::JobConfig& job, std::shared_ptr<dist::Comm> data,
-                              std::shared_ptr<dist::Comm> tp);
+                              std::shared_ptr<dist::Comm> tp, std::shared_ptr<dist::Comm> pipeline = nullptr);
 
 // Every parameter whole for as long as it lives.
 class WholeParameters {

@@ -70,4 +70,29 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<d
   return norm;
 }
 
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
+                      const std::vector<bool>& counted, dist::Comm* tensor_parallel, dist::Comm& pipeline,
+                      double max_norm) {
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> kept;
+  std::vector<double> kept_share;
+  for (size_t i = 0; i < params.size(); ++i)
+    if (counted[i]) {
+      kept.push_back(params[i]);
+      if (!share.empty()) kept_share.push_back(share[i]);
+    }
+  std::vector<at::Tensor> kept_grads;
+  const auto [whole, split_sum] = squared_norms(kept, kept_share, kept_grads);
+  auto split = at::tensor({split_sum}, at::kDouble);
+  if (tensor_parallel) tensor_parallel->all_reduce_sum({split});
+  auto total = at::tensor({whole + split.item<double>()}, at::kDouble);
+  pipeline.all_reduce_sum({total});
+  const double norm = std::sqrt(total.item<double>());
+  std::vector<at::Tensor> grads;
+  for (const auto& p : params)
+    if (p.grad().defined()) grads.push_back(p.grad());
+  clip_to(grads, norm, max_norm);
+  return norm;
+}
+
 }  // namespace loom::train

@@ -26,4 +26,11 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
                       dist::Comm& group, double max_norm);
 
+// The same over a pipeline: each rank's sum (as above, over `tensor_parallel` when given) is
+// summed over the `pipeline` group; counted[i] false leaves params[i] out of the sum (a copy another
+// stage counts: a tied embedding) but scales it alike.
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
+                      const std::vector<bool>& counted, dist::Comm* tensor_parallel, dist::Comm& pipeline,
+                      double max_norm);
+
 }  // namespace loom::train

@@ -101,6 +101,11 @@ void ShardedAdamW::set_tensor_parallel(std::shared_ptr<dist::Comm> tp, std::map<
   tp_share_ = std::move(share);
 }
 
+void ShardedAdamW::set_pipeline(std::shared_ptr<dist::Comm> pipeline, std::set<std::string> uncounted) {
+  pipeline_ = std::move(pipeline);
+  uncounted_ = std::move(uncounted);
+}
+
 double ShardedAdamW::clip_gradients(double max_norm) {
   at::NoGradGuard no_grad;
   // One message: the squared norm of this rank's slices (under tensor parallelism, of the whole
@@ -109,16 +114,16 @@ double ShardedAdamW::clip_gradients(double max_norm) {
   at::Tensor square = at::zeros({tp_ ? 2 : 1}, at::kDouble);
   std::vector<double> flags;
   for (const Slot& s : slots_) {
-    if (!tp_) {
+    if (!tp_ && uncounted_.empty()) {
       square += s.shard->grad.to(at::kDouble).pow(2).sum();
     } else {
       const parallel::FlatShard& shard = *s.shard;
       for (size_t i = 0; i < shard.params().size(); ++i) {
         const auto o = shard.overlap(i);
-        if (o.length == 0) continue;
+        if (o.length == 0 || uncounted_.count(shard.names()[i])) continue;
         const at::Tensor part = shard.grad.narrow(0, o.in_slice, o.length).to(at::kDouble).pow(2).sum();
         const auto it = tp_share_.find(shard.names()[i]);
-        const double share = it == tp_share_.end() ? 0.0 : it->second;
+        const double share = !tp_ || it == tp_share_.end() ? 0.0 : it->second;
         if (share == 0.0)
           square[0] += part;
         else
@@ -136,6 +141,11 @@ double ShardedAdamW::clip_gradients(double max_norm) {
     at::Tensor slices = totals.narrow(0, 1, 1).clone();
     tp_->all_reduce_sum({slices});
     norm_squared += slices.item<double>();
+  }
+  if (pipeline_) {  // each stage's parameters' squares
+    at::Tensor stages = at::tensor({norm_squared}, at::kDouble);
+    pipeline_->all_reduce_sum({stages});
+    norm_squared = stages.item<double>();
   }
   const double norm = std::sqrt(norm_squared);
   size_t k = tp_ ? 2 : 1;

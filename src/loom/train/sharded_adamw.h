@@ -22,6 +22,7 @@
 
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -54,6 +55,9 @@ class ShardedAdamW {
   // are cut (each rank's squared gradient norm counts `share` times in the sum over tp: 1, or 1/n
   // for a slice n ranks hold alike); the others are whole and the same on every rank of tp.
   void set_tensor_parallel(std::shared_ptr<dist::Comm> tp, std::map<std::string, double> share);
+  // Under pipeline parallelism: the norm sums over the `pipeline` group, without `uncounted` (copies of
+  // parameters another stage counts).
+  void set_pipeline(std::shared_ptr<dist::Comm> pipeline, std::set<std::string> uncounted);
   // Updates this rank's slices at learning rate `lr`; ZeRO-1 then gathers the parameters.
   void step(double lr);
   // Drops the parameters' gradients (ZeRO-1) and zeroes the shards'.
@@ -94,6 +98,8 @@ class ShardedAdamW {
   std::shared_ptr<dist::Comm> comm_;
   std::shared_ptr<dist::Comm> tp_;          // null: tp 1
   std::map<std::string, double> tp_share_;  // the cut parameters' shares of the norm
+  std::shared_ptr<dist::Comm> pipeline_;    // null: pp 1
+  std::set<std::string> uncounted_;
   std::vector<Slot> slots_;
   bool zero1_ = false;  // the parameters are whole: gather into them after a step
   AdamWOptions options_;

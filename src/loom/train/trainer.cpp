@@ -62,7 +62,8 @@ Trainer::Trainer(config::JobConfig job, JobParts parts) : job_(std::move(job)), 
       trainable_.push_back(param);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
-  plan_ = apply_parallelism(model, params, job_, parts_.layout.data, parts_.layout.tp);
+  plan_ =
+      apply_parallelism(model, params, job_, parts_.layout.data, parts_.layout.tp, parts_.layout.pipeline);
 }
 
 Trainer::~Trainer() = default;
@@ -164,11 +165,15 @@ std::vector<double> Trainer::sum_over_ranks(std::vector<double> values) const {
   if (!parts_.layout.data || values.empty()) return values;
   auto t = at::tensor(values, at::kDouble);
   parts_.layout.data->all_reduce_sum({t});
+  // The last pipeline stage counts what a step's micro-batches gave; the others add zeros.
+  if (parts_.layout.pipeline) parts_.layout.pipeline->all_reduce_sum({t});
   return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
 }
 
 double Trainer::mfu(double flops, double seconds) const {
-  return flops / seconds / (peak_flops_ * static_cast<double>(plan_.data_parallel * plan_.tensor_parallel));
+  return flops / seconds /
+         (peak_flops_ *
+          static_cast<double>(plan_.data_parallel * plan_.tensor_parallel * plan_.pipeline_parallel));
 }
 
 Trainer::StepStats Trainer::train_step(const core::StepData& step) {
@@ -181,21 +186,28 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
     throw DataError(fmt::format("a training step has no {} to learn from", parts_.task->loss_count_name()));
   const double scale = 1.0 / count;
   core::Task& task = *parts_.task;
-  const ScheduleResult r = forward_backward_no_pipelining(
-      [&task](const core::MicroBatch& batch, const core::Stage& stage, core::Carry input) {
-        return task.forward(batch, stage, std::move(input));
-      },
-      plan_.stages, step.micro_batches, passes, scale, sync);
+  const ForwardStep forward_step = [&task](const core::MicroBatch& batch, const core::Stage& stage,
+                                           core::Carry input) {
+    return task.forward(batch, stage, std::move(input));
+  };
+  const ScheduleResult r = plan_.pipeline.comm
+                               ? forward_backward_pipelined(forward_step, plan_.stages, step.micro_batches,
+                                                            plan_.pipeline, scale, sync)
+                               : forward_backward_no_pipelining(forward_step, plan_.stages,
+                                                                step.micro_batches, passes, scale, sync);
   StepStats stats;
   stats.forward_s = r.forward_s;
   stats.backward_s = r.backward_s;
   stats.activation_bytes = r.activation_bytes;
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
-  const auto totals =
-      sum_over_ranks({r.loss_sum, static_cast<double>(r.tokens), static_cast<double>(r.samples), r.flops,
-                      static_cast<double>(step.truncated), static_cast<double>(step.dropped),
-                      static_cast<double>(step.skipped)});
+  // Under pipeline parallelism every stage read the step: the last one counts its samples.
+  const auto& pipeline = parts_.layout.pipeline;
+  const double counted = !pipeline || pipeline->rank() + 1 == pipeline->size() ? 1.0 : 0.0;
+  const auto totals = sum_over_ranks(
+      {r.loss_sum, static_cast<double>(r.tokens), static_cast<double>(r.samples), r.flops,
+       counted * static_cast<double>(step.truncated), counted * static_cast<double>(step.dropped),
+       counted * static_cast<double>(step.skipped)});
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
   stats.samples = static_cast<int64_t>(totals[2]);

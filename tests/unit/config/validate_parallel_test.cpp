@@ -64,8 +64,35 @@ TEST(ValidateParallel, TpMustDivideVocab) {
 }
 
 TEST(ValidateParallel, PpAtMostLayers) {
-  EXPECT_EQ(error_of(job({"parallel.pp=3"}), kTiny, 3),
-            "job.yaml: parallel.pp=3 exceeds the model's 2 LLM layers; valid pp: 1 to 2");
+  EXPECT_EQ(
+      error_of(job({"parallel.pp=3"}), kTiny, 3),
+      "job.yaml: parallel.pp=3 x parallel.virtual_stages=1 = 3 pipeline stages exceeds the model's 2 blocks "
+      "(each stage holds at least one); valid pp: 1 to 2");
+  // The vision tower's blocks are stages' too: 2 vision and 2 LLM blocks in 4 stages, or 2 ranks x 2 chunks.
+  const ModelDims with_vision{4, 2, 2, 256, 2, 4};
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.pp=4"}), with_vision, 4));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.pp=2", "parallel.virtual_stages=2"}), with_vision, 2));
+  EXPECT_EQ(
+      error_of(job({"parallel.pp=2", "parallel.virtual_stages=3"}), with_vision, 2),
+      "job.yaml: parallel.pp=2 x parallel.virtual_stages=3 = 6 pipeline stages exceeds the model's 4 blocks "
+      "(each stage holds at least one); valid pp: 1 to 1");
+}
+
+TEST(ValidateParallel, PipelineKeysNeedAPipeline) {
+  EXPECT_EQ(
+      error_of(job({"parallel.virtual_stages=2"}), kTiny, 1),
+      "job.yaml: parallel.virtual_stages=2 needs parallel.pp > 1 (it cuts each pipeline rank's layers into "
+      "chunks)");
+  EXPECT_EQ(
+      error_of(job({"parallel.pipeline_schedule=gpipe"}), kTiny, 1),
+      "job.yaml: parallel.pipeline_schedule=gpipe: only read with parallel.pp > 1 (remove it, or set pp)");
+  EXPECT_EQ(error_of(job({"model.pipeline_layers={llm: [2]}"}), kTiny, 1),
+            "job.yaml: model.pipeline_layers: only read with parallel.pp > 1 (remove it, or set pp)");
+  // 32 / 8 = 4 micro-batches per step: not whole groups of 3 for the interleaved schedule.
+  EXPECT_EQ(
+      error_of(job({"parallel.pp=3", "parallel.virtual_stages=2"}), ModelDims{4, 2, 2, 256, 2, 6}, 3),
+      "job.yaml: parallel.virtual_stages=2: the interleaved schedule takes micro-batches in groups of "
+      "parallel.pp=3, but a step has 4 per rank (global_batch_size / (micro_batch_size*dp) = 32 / (8*1))");
 }
 
 TEST(ValidateParallel, WorldSizeMustBeTheProduct) {
@@ -122,8 +149,13 @@ TEST(ValidateParallel, VisionTpIsOneOrTp) {
 }
 
 TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
-  EXPECT_EQ(error_of(job({"parallel.pp=2"}), kTiny, 2),
-            "job.yaml: parallel.pp=2: pipeline parallelism is not available in this version of Loom");
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.pp=2"}), kTiny, 2));
+  EXPECT_NO_THROW(
+      validate_parallel(job({"parallel.pp=2", "parallel.zero=1", "training.micro_batch_size=4"}), kTiny, 4));
+  EXPECT_EQ(error_of(job({"parallel.pp=2", "parallel.zero=3", "training.micro_batch_size=4"}), kTiny, 4),
+            "job.yaml: parallel.zero=3 with parallel.pp=2: FSDP under pipeline parallelism is not available "
+            "in this "
+            "version of Loom (use zero 1)");
   EXPECT_EQ(error_of(job({"parallel.cp=2"}), kTiny, 2),
             "job.yaml: parallel.cp=2: context parallelism is not available in this version of Loom");
   EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),

@@ -1,13 +1,12 @@
-#include "loom/parallel/pipeline/order.h"
-
-#include "loom/util/errors.h"
-
 #include <gtest/gtest.h>
 
 #include <map>
 #include <set>
 #include <sstream>
 #include <tuple>
+
+#include "loom/parallel/pipeline/order.h"
+#include "loom/util/errors.h"
 
 namespace loom::parallel::pipeline {
 namespace {
@@ -64,9 +63,10 @@ TEST(PipelineOrder, InterleavedAsWrittenByHand) {
             "F0.0 F1.0 F0.1 B0.1 F1.1 B1.1 F2.0 B0.0 F3.0 B1.0 F2.1 B2.1 F3.1 B3.1 B2.0 B3.0");
   // Rank 1's chunk 1 is the last stage (no send after its forward, no receive before its
   // backward); its chunk 0 sends on to rank 0's chunk 1.
-  EXPECT_EQ(describe(one_f_one_b_order(Shape{2, 2, 2}, 1), Shape{2, 2, 2}),
-            "rF0.0 F0.0 sF0.0 rF1.0 F1.0 sF1.0 rF0.1 F0.1 B0.1 sB0.1 rF1.1 F1.1 B1.1 sB1.1 rB0.0 B0.0 sB0.0 rB1.0 "
-            "B1.0 sB1.0");
+  EXPECT_EQ(
+      describe(one_f_one_b_order(Shape{2, 2, 2}, 1), Shape{2, 2, 2}),
+      "rF0.0 F0.0 sF0.0 rF1.0 F1.0 sF1.0 rF0.1 F0.1 B0.1 sB0.1 rF1.1 F1.1 B1.1 sB1.1 rB0.0 B0.0 sB0.0 rB1.0 "
+      "B1.0 sB1.0");
 }
 
 // Runs every rank's order at once, sends never blocking and receives waiting for their message,
@@ -112,8 +112,8 @@ std::vector<int64_t> simulate(const Shape& shape, std::vector<Action> (*make)(co
     }
   }
   for (int64_t r = 0; r < p; ++r)
-    EXPECT_EQ(next[r], orders[r].size()) << "rank " << r << " waits forever at action " << next[r] << " of "
-                                          << describe(orders[r], shape);
+    EXPECT_EQ(next[r], orders[r].size())
+        << "rank " << r << " waits forever at action " << next[r] << " of " << describe(orders[r], shape);
   EXPECT_TRUE(sent.empty()) << "a message nobody received";
   EXPECT_EQ(static_cast<int64_t>(forwarded.size()), shape.micro_batches * shape.global_stages());
   EXPECT_EQ(static_cast<int64_t>(backwarded.size()), shape.micro_batches * shape.global_stages());
@@ -125,7 +125,8 @@ TEST(PipelineOrder, EveryScheduleRunsToTheEndOnEveryShape) {
     for (int64_t v = 1; v <= 3; ++v)
       for (int64_t m = 1; m <= 11; ++m) {
         const Shape shape{p, v, m};
-        SCOPED_TRACE(::testing::Message() << "pp " << p << ", virtual stages " << v << ", micro-batches " << m);
+        SCOPED_TRACE(::testing::Message()
+                     << "pp " << p << ", virtual stages " << v << ", micro-batches " << m);
         const auto gpipe = simulate(shape, gpipe_order);
         if (v > 1 && m % p != 0) {  // the interleaved order takes whole groups of pp micro-batches
           EXPECT_THROW(one_f_one_b_order(shape, 0), ConfigError);
@@ -134,7 +135,8 @@ TEST(PipelineOrder, EveryScheduleRunsToTheEndOnEveryShape) {
         const auto one_f_one_b = simulate(shape, one_f_one_b_order);
         for (int64_t r = 0; r < p; ++r) {
           EXPECT_EQ(gpipe[r], m * v);  // GPipe holds every micro-batch
-          if (v == 1) EXPECT_EQ(one_f_one_b[r], std::min(m, p - r));  // 1F1B at most pp - rank
+          if (v == 1)
+            EXPECT_EQ(one_f_one_b[r], std::min(m, p - r));  // 1F1B at most pp - rank
           else
             EXPECT_LE(one_f_one_b[r], std::min(m * v, (p - r - 1) * 2 + (v - 1) * p + 1));
         }

@@ -30,6 +30,7 @@ const Qwen2VLContext& qwen2vl(const core::Context& context) {
 class VisionLayer : public core::Layer {
  public:
   using core::Layer::Layer;
+  std::string tower() const override { return "visual"; }
   bool active(const core::Carry&, const core::Context& context) const override {
     return qwen2vl(context).has_images();
   }
@@ -38,6 +39,7 @@ class VisionLayer : public core::Layer {
 class TextLayer : public core::Layer {
  public:
   using core::Layer::Layer;
+  std::string tower() const override { return "llm"; }
   bool active(const core::Carry&, const core::Context& context) const override {
     return qwen2vl(context).has_text();
   }

@@ -58,10 +58,17 @@ namespace {
 
 const WanContext& wan(const core::Context& context) { return static_cast<const WanContext&>(context); }
 
-class TimeEmbeddingLayer : public core::Layer {
+// Every layer of the DiT is in its one tower (model.pipeline_layers: {dit: [...]}).
+class WanLayer : public core::Layer {
+ public:
+  using core::Layer::Layer;
+  std::string tower() const override { return "dit"; }
+};
+
+class TimeEmbeddingLayer : public WanLayer {
  public:
   TimeEmbeddingLayer(const std::shared_ptr<WanTimeEmbedding>& module, int64_t freq_dim)
-      : core::Layer("time_embedding", module), module_(module), freq_dim_(freq_dim) {}
+      : WanLayer("time_embedding", module), module_(module), freq_dim_(freq_dim) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     carry.set("time_embedding", module_->forward(wan_sinusoid(freq_dim_, wan(context).timesteps)));  // [B, C]
     return carry;
@@ -72,10 +79,10 @@ class TimeEmbeddingLayer : public core::Layer {
   int64_t freq_dim_;
 };
 
-class TimeProjectionLayer : public core::Layer {
+class TimeProjectionLayer : public WanLayer {
  public:
   explicit TimeProjectionLayer(const std::shared_ptr<WanTimeProjection>& module)
-      : core::Layer("time_projection", module), module_(module) {}
+      : WanLayer("time_projection", module), module_(module) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     (void)context;
     carry.set("time_modulation", module_->forward(carry.get("time_embedding")));  // [B, 6, C]
@@ -86,10 +93,10 @@ class TimeProjectionLayer : public core::Layer {
   std::shared_ptr<WanTimeProjection> module_;
 };
 
-class TextEmbeddingLayer : public core::Layer {
+class TextEmbeddingLayer : public WanLayer {
  public:
   explicit TextEmbeddingLayer(const std::shared_ptr<WanTextEmbedding>& module)
-      : core::Layer("text_embedding", module), module_(module) {}
+      : WanLayer("text_embedding", module), module_(module) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     carry.set("context", module_->forward(wan(context).text));  // [B, text_len, C]
     return carry;
@@ -99,10 +106,10 @@ class TextEmbeddingLayer : public core::Layer {
   std::shared_ptr<WanTextEmbedding> module_;
 };
 
-class PatchEmbeddingLayer : public core::Layer {
+class PatchEmbeddingLayer : public WanLayer {
  public:
   explicit PatchEmbeddingLayer(const std::shared_ptr<WanPatchEmbedding>& module)
-      : core::Layer("patch_embedding", module), module_(module) {}
+      : WanLayer("patch_embedding", module), module_(module) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     carry.set("hidden", module_->forward(wan(context).latents).to(at::kFloat));  // [B, L, C]
     return carry;
@@ -112,10 +119,10 @@ class PatchEmbeddingLayer : public core::Layer {
   std::shared_ptr<WanPatchEmbedding> module_;
 };
 
-class BlockLayer : public core::Layer {
+class BlockLayer : public WanLayer {
  public:
   BlockLayer(size_t index, const std::shared_ptr<WanAttentionBlock>& block)
-      : core::Layer(fmt::format("blocks.{}", index), block), block_(block) {}
+      : WanLayer(fmt::format("blocks.{}", index), block), block_(block) {}
   bool block() const override { return true; }
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const WanContext& c = wan(context);
@@ -128,9 +135,9 @@ class BlockLayer : public core::Layer {
   std::shared_ptr<WanAttentionBlock> block_;
 };
 
-class HeadLayer : public core::Layer {
+class HeadLayer : public WanLayer {
  public:
-  explicit HeadLayer(const std::shared_ptr<WanHead>& head) : core::Layer("head", head), head_(head) {}
+  explicit HeadLayer(const std::shared_ptr<WanHead>& head) : WanLayer("head", head), head_(head) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     (void)context;
     const at::Tensor e = carry.take("time_embedding");

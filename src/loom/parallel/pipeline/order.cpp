@@ -15,8 +15,9 @@ using Kind = Action::Kind;
 void check(const Shape& shape, int64_t rank) {
   if (shape.stages < 1 || shape.virtual_stages < 1 || shape.micro_batches < 0 || rank < 0 ||
       rank >= shape.stages)
-    throw ModelError(fmt::format("a pipeline order for rank {} of {} stages x {} virtual stages and {} micro-batches",
-                                 rank, shape.stages, shape.virtual_stages, shape.micro_batches));
+    throw ModelError(
+        fmt::format("a pipeline order for rank {} of {} stages x {} virtual stages and {} micro-batches",
+                    rank, shape.stages, shape.virtual_stages, shape.micro_batches));
 }
 
 // The (micro-batch, chunk) pairs in the order forwards take them on every rank: micro-batches in
@@ -35,7 +36,8 @@ std::vector<std::pair<int64_t, int64_t>> forward_table(const Shape& shape) {
 
 // The compute actions in `computes`, each with the receive before it and the send after it that its
 // global stage needs.
-std::vector<Action> with_communication(const std::vector<Action>& computes, const Shape& shape, int64_t rank) {
+std::vector<Action> with_communication(const std::vector<Action>& computes, const Shape& shape,
+                                       int64_t rank) {
   const int64_t last = shape.global_stages() - 1;
   std::vector<Action> order;
   for (const Action& a : computes) {
@@ -60,17 +62,19 @@ std::vector<Action> gpipe_order(const Shape& shape, int64_t rank) {
   const auto table = forward_table(shape);
   std::vector<Action> computes;
   for (const auto& [m, chunk] : table) computes.push_back({Kind::forward, m, chunk});
-  for (const auto& [m, chunk] : table) computes.push_back({Kind::backward, m, shape.virtual_stages - 1 - chunk});
+  for (const auto& [m, chunk] : table)
+    computes.push_back({Kind::backward, m, shape.virtual_stages - 1 - chunk});
   return with_communication(computes, shape, rank);
 }
 
 std::vector<Action> one_f_one_b_order(const Shape& shape, int64_t rank) {
   check(shape, rank);
   if (shape.virtual_stages > 1 && shape.micro_batches % shape.stages != 0)
-    throw ConfigError(fmt::format(
-        "parallel.virtual_stages={}: the interleaved schedule takes micro-batches in groups of parallel.pp={}, "
-        "and a step has {} (make global_batch_size / (micro_batch_size x dp) a multiple of pp)",
-        shape.virtual_stages, shape.stages, shape.micro_batches));
+    throw ConfigError(
+        fmt::format("parallel.virtual_stages={}: the interleaved schedule takes micro-batches in groups of "
+                    "parallel.pp={}, "
+                    "and a step has {} (make global_batch_size / (micro_batch_size x dp) a multiple of pp)",
+                    shape.virtual_stages, shape.stages, shape.micro_batches));
   const auto table = forward_table(shape);
   const int64_t total = static_cast<int64_t>(table.size());
   // Forwards run ahead of backwards by enough to fill the pipeline: the last stage none, each stage
@@ -99,12 +103,23 @@ std::string describe(const std::vector<Action>& order, const Shape& shape) {
     const char* prefix = "";
     char pass = 'F';
     switch (a.kind) {
-      case Kind::receive_forward: prefix = "r"; break;
-      case Kind::forward: break;
-      case Kind::send_forward: prefix = "s"; break;
-      case Kind::receive_backward: prefix = "r", pass = 'B'; break;
-      case Kind::backward: pass = 'B'; break;
-      case Kind::send_backward: prefix = "s", pass = 'B'; break;
+      case Kind::receive_forward:
+        prefix = "r";
+        break;
+      case Kind::forward:
+        break;
+      case Kind::send_forward:
+        prefix = "s";
+        break;
+      case Kind::receive_backward:
+        prefix = "r", pass = 'B';
+        break;
+      case Kind::backward:
+        pass = 'B';
+        break;
+      case Kind::send_backward:
+        prefix = "s", pass = 'B';
+        break;
     }
     out += fmt::format("{}{}{}{}", out.empty() ? "" : " ", prefix, pass, a.micro_batch);
     if (shape.virtual_stages > 1) out += fmt::format(".{}", a.chunk);

@@ -1,0 +1,82 @@
+# Pipeline parallelism through `loom run` over Gloo, against the single-process run of the tiny
+# shapes job (2 vision blocks, 3 LLM blocks, tied embeddings; 20 fp32 steps, 4 packed micro-batches
+# a step): pp=2 (1F1B), pp=2 with GPipe, pp=4, pp=2 with 2 virtual stages (interleaved 1F1B), pp=2 x
+# tp=2 with sequence parallelism, pp=2 x dp=2 with ZeRO-1, a stage with only vision blocks beside a
+# stage with none, and an uneven split with the vision tower over both stages. Each gives the
+# single-process loss at every step within 1e-5 relative and its step-20 weights (gathered whole
+# from the stages) within 1e-5. Checkpoints are the single process's tensors; the pp=2 x tp=2
+# checkpoint of step 10 resumes at pp=1 and at pp=4 with the same step-11 loss. Then the one-line
+# errors: a list whose sum is not the tower's blocks, a stage with no blocks, pp not dividing the
+# world, more virtual stages than blocks.
+source "$(dirname "$0")/lib.bash"
+common=(--set training.steps=20 --set training.global_batch_size=16 --set training.warmup_steps=2
+        --set training.save_every=10 --set training.threads=1 --set tools.log_every=1)
+small_job "${common[@]}" --set training.micro_batch_size=4 --set training.output_dir="$WORK/one" \
+  > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
+parallel_run pp2 2 --set parallel.pp=2
+parallel_run pp2_gpipe 2 --set parallel.pp=2 --set parallel.pipeline_schedule=gpipe
+parallel_run pp4 4 --set parallel.pp=4
+parallel_run pp2_v2 2 --set parallel.pp=2 --set parallel.virtual_stages=2
+parallel_run pp2_tp2 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+parallel_run pp2_dp2_zero1 4 --set parallel.pp=2 --set parallel.zero=1
+parallel_run vision_stage 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [0, 3]}"
+parallel_run uneven 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [1, 1], llm: [0, 3]}"
+grep -q "^\[rank 0\] .*pipeline parallelism (pp=2, 1f1b): model.pipeline_layers: {visual: \[2, 0\], llm: \[0, 3\]}; this rank (pipeline rank 0) runs visual.patch_embed to visual.merger" \
+  "$WORK/vision_stage.log" || { cat "$WORK/vision_stage.log"; fail "no pipeline line for the vision-only stage"; }
+# The step-10 checkpoint of pp=2 x tp=2, resumed at pp=1 and at pp=4.
+mkdir -p "$WORK/resumed_pp1" "$WORK/resumed_pp4"
+cp -r "$WORK/pp2_tp2/step-00000010" "$WORK/resumed_pp1/"
+cp -r "$WORK/pp2_tp2/step-00000010" "$WORK/resumed_pp4/"
+small_job "${common[@]}" --set training.micro_batch_size=4 --set training.steps=11 \
+  --set training.output_dir="$WORK/resumed_pp1" > "$WORK/resumed_pp1.log" 2>&1 ||
+  { cat "$WORK/resumed_pp1.log"; fail "resume at pp=1"; }
+parallel_run resumed_pp4 4 --set parallel.pp=4 --set training.steps=11
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import runs
+one = runs.steps(f"{work}/one/metrics.jsonl")
+assert sorted(one) == list(range(1, 21)), sorted(one)
+theirs = runs.tensors(f"{work}/one/step-00000020/model.safetensors")
+for name in ("pp2", "pp2_gpipe", "pp4", "pp2_v2", "pp2_tp2", "pp2_dp2_zero1", "vision_stage", "uneven"):
+    run = runs.steps(f"{work}/{name}/metrics.jsonl")
+    assert sorted(run) == list(range(1, 21)), (name, sorted(run))
+    loss = max(abs(run[s]["loss"] - one[s]["loss"]) / one[s]["loss"] for s in run)
+    assert loss <= 1e-5, (name, loss)
+    mine = runs.tensors(f"{work}/{name}/step-00000020/model.safetensors")
+    assert sorted(mine) == sorted(theirs), name
+    weights = max(max(abs(a - b) for a, b in zip(mine[k], theirs[k])) for k in mine)
+    assert weights <= 1e-5, (name, weights)
+    for f in ("model.safetensors", "optimizer.safetensors"):
+        assert runs.shapes(f"{work}/{name}/step-00000010/{f}") == runs.shapes(f"{work}/one/step-00000010/{f}"), (name, f)
+    print(f"{name}: 20 losses within {loss:.1e} relative, step-20 weights within {weights:.1e}")
+after = {name: runs.steps(f"{work}/{name}/metrics.jsonl") for name in ("resumed_pp1", "resumed_pp4")}
+for name, run in after.items():
+    assert sorted(run) == [11], (name, sorted(run))
+    # Step 11's loss is the step-10 weights' (the update follows it): the uninterrupted run's.
+    assert abs(run[11]["loss"] - one[11]["loss"]) <= 1e-5 * one[11]["loss"], (name, run[11]["loss"], one[11]["loss"])
+assert abs(after["resumed_pp1"][11]["loss"] - after["resumed_pp4"][11]["loss"]) <= 1e-6 * one[11]["loss"], after
+print(f"pp=2 x tp=2 checkpoint of step 10: step-11 loss {after['resumed_pp1'][11]['loss']:.7f} at pp=1, "
+      f"{after['resumed_pp4'][11]['loss']:.7f} at pp=4 (uninterrupted one process: {one[11]['loss']:.7f})")
+PY
+
+refused() {  # name, ranks, expected error line (a prefix), options...
+  local name=$1 ranks=$2 want=$3
+  shift 3
+  set +e
+  "$LOOM" run -n "$ranks" -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "${common[@]}" \
+    --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1
+  local code=$?
+  set -e
+  [ "$code" -ne 0 ] || fail "$name was accepted"
+  grep -qE "^(\[rank [0-9]+\] )?loom: error: $want" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "no one-line error for $name"; }
+}
+refused bad_sum 2 "model.pipeline_layers.llm: \\[1, 1\\] sums to 2, but the model has 3 llm blocks" \
+  --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 1]}"
+refused empty_stage 2 "model.pipeline_layers: stage 1 holds no blocks of any tower \\(visual, llm\\); every stage needs one" \
+  --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [3, 0]}"
+refused world 3 ".*parallel.dp=auto: world size 3 is not divisible by tp\\*cp\\*pp = 1\\*1\\*2 = 2" --set parallel.pp=2
+refused virtual 2 ".*parallel.pp=2 x parallel.virtual_stages=3 = 6 pipeline stages exceeds the model's 5 blocks" \
+  --set parallel.pp=2 --set parallel.virtual_stages=3
+echo "pipeline parallelism: 1F1B, GPipe, interleaved, pp x tp, pp x dp with ZeRO-1 and uneven cuts match one process"
