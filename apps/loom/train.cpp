@@ -64,18 +64,44 @@ nlohmann::json bench_json(const train::BenchResult& r) {
       {"parameters_mib", mib(r.parameter_bytes)},          {"gradients_mib", mib(r.gradient_bytes)},
       {"optimizer_mib", mib(r.optimizer_bytes)},           {"activations_mib", mib(r.activation_bytes)},
       {"peak_allocated_mib", mib(r.peak_allocated_bytes)}, {"peak_rss_mib", r.peak_rss_mib}};
-  return {{"steps", r.steps},
-          {"warmup", r.warmup},
-          {"data_parallel_ranks", r.ranks},
-          {"tokens_per_s", r.tokens_per_s},
-          {"samples_per_s", r.samples_per_s},
-          {"step_time_median_s", r.step_time_median_s},
-          {"mfu", r.mfu},
-          {"sgemm_gflops", r.sgemm_gflops},
-          {"peak_rss_mib", r.peak_rss_mib},
-          {"memory", memory},
-          {"time_s", r.total_s},
-          {"time_split", split}};
+  nlohmann::json out = {{"steps", r.steps},
+                        {"warmup", r.warmup},
+                        {"data_parallel_ranks", r.ranks},
+                        {"tokens_per_s", r.tokens_per_s},
+                        {"samples_per_s", r.samples_per_s},
+                        {"step_time_median_s", r.step_time_median_s},
+                        {"mfu", r.mfu},
+                        {"sgemm_gflops", r.sgemm_gflops},
+                        {"peak_rss_mib", r.peak_rss_mib},
+                        {"memory", memory},
+                        {"time_s", r.total_s},
+                        {"time_split", split}};
+  if (!r.pipeline.empty()) {
+    // Each pipeline rank's idle share of its step time beside the schedule's bubble: (p - 1) / (v m + p - 1)
+    // of a step for p ranks, v chunks each and m micro-batches, when every stage takes as long.
+    const auto p = static_cast<double>(r.pipeline.size()), v = static_cast<double>(r.virtual_stages),
+               m = static_cast<double>(r.micro_batches);
+    nlohmann::json ranks = nlohmann::json::array();
+    double idle = 0, total = 0;
+    for (size_t i = 0; i < r.pipeline.size(); ++i) {
+      const auto& stage = r.pipeline[i];
+      const double seconds = stage.busy_s + stage.idle_s;
+      ranks.push_back({{"rank", i},
+                       {"busy_s", stage.busy_s},
+                       {"idle_s", stage.idle_s},
+                       {"idle_share", seconds > 0 ? stage.idle_s / seconds : 0.0},
+                       {"activations_mib", mib(stage.activation_bytes)}});
+      idle += stage.idle_s;
+      total += seconds;
+    }
+    out["pipeline"] = {{"ranks", r.pipeline.size()},
+                       {"virtual_stages", r.virtual_stages},
+                       {"micro_batches", r.micro_batches},
+                       {"bubble_theoretical", (p - 1) / (v * m + p - 1)},
+                       {"bubble_measured", total > 0 ? idle / total : 0.0},
+                       {"per_rank", ranks}};
+  }
+  return out;
 }
 
 }  // namespace

@@ -1,7 +1,7 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
-# process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor parallelism over
-# two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
+# process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor and pipeline
+# parallelism over two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
 # summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
@@ -77,6 +77,13 @@ same_losses dit-offload dit
 # Selective: the norms', modulations' and GELU's outputs emptied after each block and made again.
 train dit-selective 1 "${dit[@]}" --set features.recompute=selective --set training.eval_videos=0
 same_losses dit-selective dit
+# Pipeline parallelism: the 4 blocks over 2 stages, the time, text and patch embeddings with the first
+# and the head with the last; the carry between them holds the hidden states, the text context and the
+# time embedding and modulation.
+train dit-pp2 2 "${dit[@]}" --set parallel.pp=2 --set training.eval_videos=0
+grep -q "model.pipeline_layers: {dit: \[2, 2\]}; this rank (pipeline rank 0) runs time_embedding to blocks.1" \
+  "$WORK/dit-pp2.log" || { cat "$WORK/dit-pp2.log"; fail "no pipeline line for the DiT"; }
+same_losses dit-pp2 dit
 # Under tp both ranks sample the clip (the DiT's collectives) and the first writes it.
 [ -s "$WORK/dit-tp2/samples/step-00000004/sample-000.gif" ] || fail "no clip sampled under tp 2"
 if "$LOOM" train "${vae[@]}" --set parallel.tp=2 --set training.output_dir="$WORK/x" 2> "$WORK/err"; then

@@ -52,17 +52,19 @@ BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm>
 }
 
 // The Wan layouts: data parallelism, ZeRO-1 and FSDP for both; tensor parallelism for the DiT (over its
-// heads and feed-forward, the residual stream whole: no sequence parallelism). `tp_width` is what tp must
-// divide besides the heads (the DiT's ffn_dim); 0: the model is whole on every rank.
+// heads and feed-forward, the residual stream whole: no sequence parallelism), and pipeline parallelism
+// (its blocks cut into stages, the embeddings with the first and the head with the last). `tp_width` is what
+// tp must divide besides the heads (the DiT's ffn_dim); 0: the model is whole on every rank.
 void check_wan_layout(const config::JobConfig& job, const char* what, int64_t world_size, int64_t heads,
                       int64_t layers, int64_t tp_width) {
   const auto& p = job.parallel;
-  if ((tp_width == 0 && p.tp != 1) || p.pp != 1 || p.cp != 1 || p.ep != 1)
+  const bool dit = tp_width > 0;
+  if ((!dit && (p.tp != 1 || p.pp != 1)) || p.cp != 1 || p.ep != 1)
     throw ConfigError(
-        fmt::format("parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only (pp, cp, "
+        fmt::format("parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only ({}cp, "
                     "ep 1{}); got tp {}, pp {}, cp {}, ep {}",
-                    what, tp_width > 0 ? ", tensor parallelism" : "", tp_width > 0 ? "" : ", tp 1", p.tp,
-                    p.pp, p.cp, p.ep));
+                    what, dit ? ", tensor and pipeline parallelism" : "", dit ? "" : "pp, ",
+                    dit ? "" : ", tp 1", p.tp, p.pp, p.cp, p.ep));
   if (p.sequence_parallel)
     throw ConfigError(
         fmt::format("parallel.sequence_parallel: {} keeps whole sequences on every tensor-parallel "

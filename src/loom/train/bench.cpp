@@ -31,6 +31,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   memory::CountingAllocator* counter = memory::CountingAllocator::installed();
   std::vector<double> step_times;
   double tokens = 0, samples = 0, flops = 0;
+  BenchResult::PipelineRank mine;  // this rank's share of the pipeline figures
   for (int64_t i = 0; i < warmup + steps; ++i) {
     const auto begin = Clock::now();
     if (counter) counter->reset_peak();
@@ -44,6 +45,10 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
     if (i < warmup) continue;
     if (counter) r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, counter->peak_bytes());
     r.activation_bytes = std::max(r.activation_bytes, stats.activation_bytes);
+    r.micro_batches = static_cast<int64_t>(step.micro_batches.size());
+    mine.busy_s += stats.forward_s + stats.backward_s;
+    mine.idle_s += stats.receive_wait_s;
+    mine.activation_bytes = std::max(mine.activation_bytes, stats.activation_bytes);
     step_times.push_back(seconds);
     r.total_s += seconds;
     r.data_s += data_wait;
@@ -60,6 +65,19 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
   r.tokens_per_s = tokens / r.total_s;
   r.samples_per_s = samples / r.total_s;
   r.mfu = mfu(flops, r.total_s);
+  if (const auto& pipeline = plan_.pipeline.comm) {
+    // Every rank's figures, in pipeline-rank order: each fills its own row of one sum.
+    const int64_t ranks = pipeline->size();
+    at::Tensor rows = at::zeros({ranks, 3}, at::kDouble);
+    rows[pipeline->rank()][0] = mine.busy_s;
+    rows[pipeline->rank()][1] = mine.idle_s;
+    rows[pipeline->rank()][2] = static_cast<double>(mine.activation_bytes);
+    pipeline->all_reduce_sum({rows});
+    for (int64_t i = 0; i < ranks; ++i)
+      r.pipeline.push_back(
+          {rows[i][0].item<double>(), rows[i][1].item<double>(), rows[i][2].item<int64_t>()});
+    r.virtual_stages = job_.parallel.virtual_stages;
+  }
   r.parameter_bytes = plan_.bytes.parameters;
   r.gradient_bytes = plan_.bytes.gradients;
   r.optimizer_bytes = plan_.bytes.optimizer;

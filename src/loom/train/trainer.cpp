@@ -199,6 +199,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   stats.forward_s = r.forward_s;
   stats.backward_s = r.backward_s;
   stats.activation_bytes = r.activation_bytes;
+  stats.receive_wait_s = r.receive_wait_s;
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
   // Under pipeline parallelism every stage read the step: the last one counts its samples.

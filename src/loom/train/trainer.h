@@ -39,6 +39,15 @@ struct BenchResult {
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   int64_t activation_bytes = 0, peak_allocated_bytes = 0;
   double total_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, communication_s = 0;
+  // Under pipeline parallelism, each pipeline rank's timed steps (from every rank of the pipeline):
+  // busy in its chunks' forwards and backwards, idle waiting for the stages before and after it, and
+  // the most activation bytes its forwards held at once.
+  struct PipelineRank {
+    double busy_s = 0, idle_s = 0;
+    int64_t activation_bytes = 0;
+  };
+  std::vector<PipelineRank> pipeline;
+  int64_t micro_batches = 0, virtual_stages = 1;  // per step on this rank; model chunks per pipeline rank
 };
 
 class Trainer {
@@ -80,6 +89,7 @@ class Trainer {
     double grad_sync_s = 0;  // gradient communication not hidden behind backward, as the plan reports it
     double forward_s = 0, backward_s = 0;
     int64_t activation_bytes = 0;  // ScheduleResult's
+    double receive_wait_s = 0;     // ScheduleResult's
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while
