@@ -4,7 +4,9 @@
 # tp=2 with sequence parallelism, pp=2 x dp=2 with ZeRO-1, a stage with only vision blocks beside a
 # stage with none, and an uneven split with the vision tower over both stages. Each gives the
 # single-process loss at every step within 1e-5 relative and its step-20 weights (gathered whole
-# from the stages) within 1e-5. Checkpoints are the single process's tensors; the pp=2 x tp=2
+# from the stages) within 1e-5. Recompute in the bubbles (pp=4, and pp=2 x 2 virtual stages) and full
+# recompute with offload inside the stages give the plain pipeline's numbers bit for bit. Checkpoints
+# are the single process's tensors; the pp=2 x tp=2
 # checkpoint of step 10 resumes at pp=1 and at pp=4 with the same step-11 loss. Then the one-line
 # errors: a list whose sum is not the tower's blocks, a stage with no blocks, pp not dividing the
 # world, more virtual stages than blocks.
@@ -21,6 +23,10 @@ parallel_run pp2_tp2 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.se
 parallel_run pp2_dp2_zero1 4 --set parallel.pp=2 --set parallel.zero=1
 parallel_run vision_stage 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [0, 3]}"
 parallel_run uneven 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [1, 1], llm: [0, 3]}"
+# Recompute in the bubbles, and the memory features inside the stages: the plain runs' numbers bit for bit.
+parallel_run pp4_bubbles 4 --set parallel.pp=4 --set features.recompute_in_bubbles=true
+parallel_run pp2_v2_bubbles 2 --set parallel.pp=2 --set parallel.virtual_stages=2 --set features.recompute_in_bubbles=true
+parallel_run pp2_offload 2 --set parallel.pp=2 --set features.recompute=full --set features.offload=true
 grep -q "^\[rank 0\] .*pipeline parallelism (pp=2, 1f1b): model.pipeline_layers: {visual: \[2, 0\], llm: \[0, 3\]}; this rank (pipeline rank 0) runs visual.patch_embed to visual.merger" \
   "$WORK/vision_stage.log" || { cat "$WORK/vision_stage.log"; fail "no pipeline line for the vision-only stage"; }
 # The step-10 checkpoint of pp=2 x tp=2, resumed at pp=1 and at pp=4.
@@ -51,6 +57,13 @@ for name in ("pp2", "pp2_gpipe", "pp4", "pp2_v2", "pp2_tp2", "pp2_dp2_zero1", "v
     for f in ("model.safetensors", "optimizer.safetensors"):
         assert runs.shapes(f"{work}/{name}/step-00000010/{f}") == runs.shapes(f"{work}/one/step-00000010/{f}"), (name, f)
     print(f"{name}: 20 losses within {loss:.1e} relative, step-20 weights within {weights:.1e}")
+for name, plain in (("pp4_bubbles", "pp4"), ("pp2_v2_bubbles", "pp2_v2"), ("pp2_offload", "pp2")):
+    a, b = runs.steps(f"{work}/{plain}/metrics.jsonl"), runs.steps(f"{work}/{name}/metrics.jsonl")
+    assert sorted(b) == list(range(1, 21)) and all(a[s]["loss"] == b[s]["loss"] for s in a), name
+    x = runs.raw(f"{work}/{plain}/step-00000020/model.safetensors")
+    y = runs.raw(f"{work}/{name}/step-00000020/model.safetensors")
+    assert x == y, name
+    print(f"{name}: 20 losses and the step-20 weights equal to {plain}'s")
 after = {name: runs.steps(f"{work}/{name}/metrics.jsonl") for name in ("resumed_pp1", "resumed_pp4")}
 for name, run in after.items():
     assert sorted(run) == [11], (name, sorted(run))

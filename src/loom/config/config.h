@@ -233,6 +233,9 @@ struct FeaturesSection {
   // bf16 training: each parameter's fp32 master weight is the bf16 parameter plus a 16-bit residual
   // (2 bytes per parameter less optimizer state, the same updates bit for bit).
   bool reuse_fp32_param = false;
+  // Under pipeline parallelism: the warm-up micro-batches keep only their inputs and are run again in
+  // the idle time before their backward (parallel/pipeline/order.h).
+  bool recompute_in_bubbles = false;
 
   template <class Keys>
   static void keys(Keys& k) {
@@ -243,6 +246,7 @@ struct FeaturesSection {
     k("fused_kernels", &S::fused_kernels);
     k("offload", &S::offload);
     k("reuse_fp32_param", &S::reuse_fp32_param);
+    k("recompute_in_bubbles", &S::recompute_in_bubbles);
   }
 };
 

@@ -78,6 +78,8 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
   if (p.pp == 1 && p.pipeline_schedule != "1f1b")
     fail(fmt::format("parallel.pipeline_schedule={}: only read with parallel.pp > 1 (remove it, or set pp)",
                      p.pipeline_schedule));
+  if (p.pp == 1 && config.features.recompute_in_bubbles)
+    fail("features.recompute_in_bubbles: only read with parallel.pp > 1 (remove it, or set pp)");
   if (p.pp == 1 && !config.model.pipeline_layers.empty())
     fail("model.pipeline_layers: only read with parallel.pp > 1 (remove it, or set pp)");
 

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <set>
 #include <utility>
 
 #include "loom/memory/counting_allocator.h"
@@ -58,8 +59,13 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
   using Kind = pp::Action::Kind;
   const int64_t rank = pipeline.comm->rank(), ranks = pipeline.comm->size();
   const pp::Shape shape{ranks, static_cast<int64_t>(stages.size()), static_cast<int64_t>(batches.size())};
-  const std::vector<pp::Action> order =
+  std::vector<pp::Action> order =
       pipeline.schedule == "gpipe" ? pp::gpipe_order(shape, rank) : pp::one_f_one_b_order(shape, rank);
+  if (pipeline.recompute_in_bubbles) order = pp::recompute_in_bubbles(order, shape, rank);
+  // The passes run again before their backward keep only their input after the forward's send.
+  std::set<std::pair<int64_t, int64_t>> recomputed;
+  for (const pp::Action& a : order)
+    if (a.kind == Kind::recompute) recomputed.emplace(a.micro_batch, a.chunk);
   const int64_t next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
   pp::CarryExchange exchange(pipeline.comm, shape.global_stages());
   // Each forward's header receive starts once the forward before it has its input.
@@ -120,7 +126,16 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
       case Kind::send_forward:
         exchange.send_forward(pass.output, next, a.micro_batch, stage);
         exchange.start_receive_backward(pass.output, next, a.micro_batch, stage);
+        if (recomputed.count({a.micro_batch, a.chunk})) pass.output = core::Carry();  // and its graph
         break;
+      case Kind::recompute: {
+        const auto begin = Clock::now();
+        pass.output = forward_step(*batches[static_cast<size_t>(a.micro_batch)], chunk, pass.input).output;
+        if (counter)
+          r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
+        r.forward_s += seconds_since(begin);
+        break;
+      }
       case Kind::receive_backward:
         pass.output_grads = exchange.receive_backward(a.micro_batch, stage);
         break;

@@ -456,14 +456,15 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     plan.stages.push_back(std::move(stage));
   }
   if (!placement) return plan;
-  plan.pipeline = {pipeline, p.pipeline_schedule};
+  plan.pipeline = {pipeline, p.pipeline_schedule, job.features.recompute_in_bubbles};
   plan.pipeline_parallel = pipeline->size();
   std::vector<std::string> held;
   for (const core::Stage& stage : plan.stages)
     held.push_back(fmt::format("{} to {}", stage.layers.front()->name(), stage.layers.back()->name()));
-  spdlog::info("pipeline parallelism (pp={}, {}{}): {}; this rank (pipeline rank {}) runs {}",
+  spdlog::info("pipeline parallelism (pp={}, {}{}{}): {}; this rank (pipeline rank {}) runs {}",
                pipeline->size(), p.virtual_stages > 1 ? "interleaved 1f1b" : p.pipeline_schedule,
                p.virtual_stages > 1 ? fmt::format(", {} virtual stages", p.virtual_stages) : "",
+               job.features.recompute_in_bubbles ? ", warm-up recomputed in the bubbles" : "",
                placement->description(), pipeline->rank(), fmt::join(held, ", "));
   return plan;
 }

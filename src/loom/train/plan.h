@@ -77,8 +77,9 @@ class Optimizer {
 
 // The pipeline a rank's stages belong to (no comm: one stage holds every layer).
 struct PipelineRun {
-  std::shared_ptr<dist::Comm> comm;  // the pipeline group: rank r holds global stages r, r + pp, ...
-  std::string schedule = "1f1b";     // 1f1b (interleaved with virtual stages) | gpipe
+  std::shared_ptr<dist::Comm> comm;   // the pipeline group: rank r holds global stages r, r + pp, ...
+  std::string schedule = "1f1b";      // 1f1b (interleaved with virtual stages) | gpipe
+  bool recompute_in_bubbles = false;  // features.recompute_in_bubbles
 };
 
 struct AppliedPlan {

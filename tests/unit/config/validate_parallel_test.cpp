@@ -86,6 +86,8 @@ TEST(ValidateParallel, PipelineKeysNeedAPipeline) {
   EXPECT_EQ(
       error_of(job({"parallel.pipeline_schedule=gpipe"}), kTiny, 1),
       "job.yaml: parallel.pipeline_schedule=gpipe: only read with parallel.pp > 1 (remove it, or set pp)");
+  EXPECT_EQ(error_of(job({"features.recompute_in_bubbles=true"}), kTiny, 1),
+            "job.yaml: features.recompute_in_bubbles: only read with parallel.pp > 1 (remove it, or set pp)");
   EXPECT_EQ(error_of(job({"model.pipeline_layers={llm: [2]}"}), kTiny, 1),
             "job.yaml: model.pipeline_layers: only read with parallel.pp > 1 (remove it, or set pp)");
   // 32 / 8 = 4 micro-batches per step: not whole groups of 3 for the interleaved schedule.

@@ -13,11 +13,11 @@ namespace {
 
 using Kind = Action::Kind;
 
-// The compute actions of an order alone ("F0 F1 B0 ..."), as pipeline papers draw them.
+// The compute actions of an order alone ("F0 F1 B0 ...", R for a recompute), as pipeline papers draw them.
 std::string computes(const std::vector<Action>& order, const Shape& shape) {
   std::vector<Action> kept;
   for (const Action& a : order)
-    if (a.kind == Kind::forward || a.kind == Kind::backward) kept.push_back(a);
+    if (a.kind == Kind::forward || a.kind == Kind::backward || a.kind == Kind::recompute) kept.push_back(a);
   return describe(kept, shape);
 }
 
@@ -69,19 +69,33 @@ TEST(PipelineOrder, InterleavedAsWrittenByHand) {
       "B1.0 sB1.0");
 }
 
+TEST(PipelineOrder, RecomputeInTheBubblesRunsEachWarmUpForwardAgainBeforeItsGradientArrives) {
+  // pp=3, 4 micro-batches: rank 0 warms up with F0 F1 (F2 is the forward the first backward follows):
+  // F0 and F1 are run again just before their gradients are received; rank 1 warms up with F0 alone;
+  // the last rank keeps everything (its backward follows its forward at once).
+  const Shape shape{3, 1, 4};
+  EXPECT_EQ(computes(recompute_in_bubbles(one_f_one_b_order(shape, 0), shape, 0), shape),
+            "F0 F1 F2 R0 B0 F3 R1 B1 B2 B3");
+  EXPECT_EQ(describe(recompute_in_bubbles(one_f_one_b_order(shape, 1), shape, 1), shape),
+            "rF0 F0 sF0 rF1 F1 sF1 R0 rB0 B0 sB0 rF2 F2 sF2 rB1 B1 sB1 rF3 F3 sF3 rB2 B2 sB2 rB3 B3 sB3");
+  EXPECT_EQ(recompute_in_bubbles(one_f_one_b_order(shape, 2), shape, 2), one_f_one_b_order(shape, 2));
+}
+
 // Runs every rank's order at once, sends never blocking and receives waiting for their message,
 // and checks that the pipeline finishes (no deadlock), that each (micro-batch, global stage) runs its
 // forward and then its backward exactly once on the rank that holds it, and that every message sent
 // is received by the action that expects it. Returns each rank's most micro-batch chunks whose
 // activations were held at once (forward done, backward not).
-std::vector<int64_t> simulate(const Shape& shape, std::vector<Action> (*make)(const Shape&, int64_t)) {
+std::vector<int64_t> simulate(const Shape& shape, std::vector<Action> (*make)(const Shape&, int64_t),
+                              bool recompute = false) {
   const int64_t p = shape.stages, last = shape.global_stages() - 1;
   std::vector<std::vector<Action>> orders;
-  for (int64_t r = 0; r < p; ++r) orders.push_back(make(shape, r));
+  for (int64_t r = 0; r < p; ++r)
+    orders.push_back(recompute ? recompute_in_bubbles(make(shape, r), shape, r) : make(shape, r));
   std::vector<size_t> next(p, 0);
   std::vector<int64_t> held(p, 0), peak(p, 0);
   std::set<std::tuple<int, int64_t, int64_t>> sent;  // (backward?, micro-batch, receiving global stage)
-  std::set<std::pair<int64_t, int64_t>> forwarded, backwarded;
+  std::set<std::pair<int64_t, int64_t>> forwarded, backwarded, recomputed;
   for (bool progress = true; progress;) {
     progress = false;
     for (int64_t r = 0; r < p; ++r) {
@@ -98,6 +112,10 @@ std::vector<int64_t> simulate(const Shape& shape, std::vector<Action> (*make)(co
         } else if (a.kind == Kind::send_backward) {
           EXPECT_GT(stage, 0);
           sent.emplace(1, a.micro_batch, stage - 1);
+        } else if (a.kind == Kind::recompute) {
+          EXPECT_TRUE(forwarded.count({a.micro_batch, stage})) << "recompute before forward";
+          EXPECT_FALSE(backwarded.count({a.micro_batch, stage})) << "recompute after backward";
+          EXPECT_TRUE(recomputed.emplace(a.micro_batch, stage).second);
         } else if (a.kind == Kind::forward) {
           EXPECT_TRUE(forwarded.emplace(a.micro_batch, stage).second);
           peak[r] = std::max(peak[r], ++held[r]);
@@ -133,6 +151,8 @@ TEST(PipelineOrder, EveryScheduleRunsToTheEndOnEveryShape) {
           continue;
         }
         const auto one_f_one_b = simulate(shape, one_f_one_b_order);
+        simulate(shape, one_f_one_b_order, /*recompute=*/true);
+        simulate(shape, gpipe_order, /*recompute=*/true);
         for (int64_t r = 0; r < p; ++r) {
           EXPECT_EQ(gpipe[r], m * v);  // GPipe holds every micro-batch
           if (v == 1)

@@ -97,6 +97,28 @@ std::vector<Action> one_f_one_b_order(const Shape& shape, int64_t rank) {
   return with_communication(computes, shape, rank);
 }
 
+std::vector<Action> recompute_in_bubbles(const std::vector<Action>& order, const Shape& shape, int64_t rank) {
+  const int64_t last = shape.global_stages() - 1;
+  std::vector<std::pair<int64_t, int64_t>>
+      warmup;  // (micro-batch, chunk) of the forwards before the first rB
+  for (const Action& a : order) {
+    if (a.kind == Kind::receive_backward) break;
+    if (a.kind == Kind::forward && global_stage(shape, rank, a.chunk) != last)
+      warmup.emplace_back(a.micro_batch, a.chunk);
+  }
+  bool any_backward_receive = false;
+  for (const Action& a : order) any_backward_receive |= a.kind == Kind::receive_backward;
+  if (!warmup.empty() && any_backward_receive) warmup.pop_back();  // the forward the first backward follows
+  std::vector<Action> out;
+  for (const Action& a : order) {
+    if (a.kind == Kind::receive_backward &&
+        std::find(warmup.begin(), warmup.end(), std::make_pair(a.micro_batch, a.chunk)) != warmup.end())
+      out.push_back({Kind::recompute, a.micro_batch, a.chunk});
+    out.push_back(a);
+  }
+  return out;
+}
+
 std::string describe(const std::vector<Action>& order, const Shape& shape) {
   std::string out;
   for (const Action& a : order) {
@@ -119,6 +141,9 @@ std::string describe(const std::vector<Action>& order, const Shape& shape) {
         break;
       case Kind::send_backward:
         prefix = "s", pass = 'B';
+        break;
+      case Kind::recompute:
+        pass = 'R';
         break;
     }
     out += fmt::format("{}{}{}{}", out.empty() ? "" : " ", prefix, pass, a.micro_batch);

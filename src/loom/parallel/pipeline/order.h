@@ -29,6 +29,7 @@ struct Action {
     receive_backward,  // wait for the gradient of that output from the stage after
     backward,          // run the chunk's backward
     send_backward,     // start sending the input's gradient to the stage before
+    recompute,         // run the chunk's forward again, its first run having kept only its input
   };
   Kind kind;
   int64_t micro_batch;
@@ -51,8 +52,15 @@ std::vector<Action> gpipe_order(const Shape& shape, int64_t rank);
 // can leave two ranks waiting on each other).
 std::vector<Action> one_f_one_b_order(const Shape& shape, int64_t rank);
 
-// "rF0 F0 sF0 ..." (r receive, s send, F forward, B backward; ".c" after the micro-batch for chunk
-// c when there are virtual stages): how tests and messages write an order.
+// Recompute in the bubbles (MindSpeed MM's independent recompute scheduling): the warm-up forwards
+// (every forward before the rank's first backward receive but the last, never the last stage's) keep
+// only their input once their output is sent, and each is run again just before the receive of its
+// output's gradient, while the stages after it work out that gradient: memory the warm-up held
+// through the pipeline's fill, for compute done where the rank would wait.
+std::vector<Action> recompute_in_bubbles(const std::vector<Action>& order, const Shape& shape, int64_t rank);
+
+// "rF0 F0 sF0 ..." (r receive, s send, F forward, B backward, R recompute; ".c" after the micro-batch
+// for chunk c when there are virtual stages): how tests and messages write an order.
 std::string describe(const std::vector<Action>& order, const Shape& shape);
 
 // The global stage of `chunk` on `rank`, and whether it is the first or the last.
