@@ -11,6 +11,7 @@
 
 #include "loom/memory/counting_allocator.h"
 #include "loom/util/errors.h"
+#include "loom/util/tensor_storage.h"
 
 namespace loom::memory {
 
@@ -18,11 +19,9 @@ namespace loom::memory {
 // tensor in it has been read back (after each backward pass).
 class SpillFile {
  public:
-  explicit SpillFile(std::string directory) {
-    if (directory.empty()) {
-      const char* tmp = std::getenv("TMPDIR");
-      directory = tmp && *tmp ? tmp : "/tmp";
-    }
+  SpillFile() {
+    const char* tmp = std::getenv("TMPDIR");
+    const std::string directory = tmp && *tmp ? tmp : "/tmp";
 #ifdef O_TMPFILE
     fd_ = ::open(directory.c_str(), O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
 #endif
@@ -143,12 +142,11 @@ at::Tensor OffloadedTensor::take() {
   return pending_.valid() ? pending_.get() : read();
 }
 
-Offloader::Offloader(const std::string& directory) : file_(std::make_shared<SpillFile>(directory)) {}
+Offloader::Offloader() : file_(std::make_shared<SpillFile>()) {}
 
 bool Offloader::movable(const at::Tensor& tensor) {
   return tensor.defined() && tensor.device().is_cpu() && tensor.layout() == at::kStrided &&
-         tensor.is_contiguous() && tensor.storage_offset() == 0 &&
-         tensor.storage().nbytes() == static_cast<size_t>(tensor.nbytes()) && tensor.nbytes() > 0;
+         tensor.nbytes() > 0 && owns_storage(tensor);
 }
 
 std::shared_ptr<OffloadGroup> Offloader::move_out(const std::vector<at::Tensor>& tensors) {

@@ -36,7 +36,6 @@ class OffloadedTensor {
   void prefetch();
   // The tensor again, equal to what was moved out: waits for the prefetch, or reads it now. Once.
   at::Tensor take();
-  int64_t nbytes() const { return nbytes_; }
 
  private:
   at::Tensor read() const;
@@ -62,8 +61,8 @@ struct OffloadGroup {
 // What the runner of one stage offloads into: its spill file and the last group it made.
 class Offloader {
  public:
-  // The spill file in `directory` (empty: $TMPDIR, else /tmp).
-  explicit Offloader(const std::string& directory = {});
+  // The spill file in $TMPDIR, else /tmp.
+  Offloader();
   // Whether `tensor` can be moved out (a whole contiguous CPU tensor, its storage its own).
   static bool movable(const at::Tensor& tensor);
   // Moves `tensors` out as the group of the block that has just run; the next group made links

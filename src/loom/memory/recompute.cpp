@@ -277,10 +277,7 @@ SelectiveScope::~SelectiveScope() {
 bool selective() { return selective_on; }
 
 at::Tensor refilled_in_backward(at::Tensor output, std::function<at::Tensor()> remake) {
-  if (!collected || !at::GradMode::is_enabled() || !output.defined() || !output.is_contiguous() ||
-      output.storage_offset() != 0 ||
-      output.storage().nbytes() != static_cast<size_t>(output.numel()) * output.element_size())
-    return output;
+  if (!collected || !at::GradMode::is_enabled() || !output.defined() || !owns_storage(output)) return output;
   collected->push_back(Refill{output, std::move(remake)});
   return output;
 }

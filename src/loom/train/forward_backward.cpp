@@ -89,26 +89,40 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
     core::Carry input, output;
     std::map<std::string, at::Tensor> output_grads;
     at::Tensor loss;
+    int64_t bytes = 0;  // the live bytes its forward (and recompute) added, under a counting allocator
   };
   std::map<std::pair<int64_t, int64_t>, InFlight> in_flight;
+  // The activations the passes in flight hold: each forward's growth of the live bytes, given back when
+  // its backward is done (the parameters' gradients, which stay, are not counted).
   const memory::CountingAllocator* counter = memory::CountingAllocator::installed();
-  const int64_t allocated_before = counter ? counter->live_bytes() : 0;
+  auto live = [counter] { return counter ? counter->live_bytes() : int64_t{0}; };
+  int64_t held = 0;
   ScheduleResult r;
+  auto grown = [&](InFlight& pass, int64_t before) {
+    const int64_t bytes = live() - before;
+    pass.bytes += bytes;
+    held += bytes;
+    r.activation_bytes = std::max(r.activation_bytes, held);
+  };
   sync.begin_pass();
   for (size_t i = 0; i < order.size(); ++i) {
     const pp::Action& a = order[i];
     const int64_t stage = pp::global_stage(shape, rank, a.chunk);
     const core::Stage& chunk = stages[static_cast<size_t>(a.chunk)];
+    const core::MicroBatch& batch = *batches[static_cast<size_t>(a.micro_batch)];
     InFlight& pass = in_flight[{a.micro_batch, a.chunk}];
     switch (a.kind) {
-      case Kind::receive_forward:
+      case Kind::receive_forward: {
+        const int64_t before = live();
         pass.input = exchange.receive_forward(previous, a.micro_batch, stage);
         start_next_receive();
+        grown(pass, before);
         break;
+      }
       case Kind::forward: {
         const auto begin = Clock::now();
-        core::ForwardResult out =
-            forward_step(*batches[static_cast<size_t>(a.micro_batch)], chunk, pass.input);
+        const int64_t before = live();
+        core::ForwardResult out = forward_step(batch, chunk, pass.input);
         if (chunk.last) {
           pass.loss = out.loss_sum;
           r.loss_sum += out.loss_sum.item<double>();
@@ -118,27 +132,38 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
         } else {
           pass.output = std::move(out.output);
         }
-        if (counter)
-          r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
+        grown(pass, before);
         r.forward_s += seconds_since(begin);
         break;
       }
       case Kind::send_forward:
         exchange.send_forward(pass.output, next, a.micro_batch, stage);
         exchange.start_receive_backward(pass.output, next, a.micro_batch, stage);
-        if (recomputed.count({a.micro_batch, a.chunk})) pass.output = core::Carry();  // and its graph
+        if (recomputed.count({a.micro_batch, a.chunk})) {  // the output and its graph go
+          const int64_t before = live();
+          pass.output = core::Carry();
+          grown(pass, before);
+        }
         break;
       case Kind::recompute: {
+        // The first run's output goes once its receiver has it (before it can send the gradient back).
+        int64_t before = live();
+        exchange.wait_forward_send(a.micro_batch, stage);
+        grown(pass, before);
         const auto begin = Clock::now();
-        pass.output = forward_step(*batches[static_cast<size_t>(a.micro_batch)], chunk, pass.input).output;
-        if (counter)
-          r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
+        before = live();
+        pass.output = forward_step(batch, chunk, pass.input).output;
+        grown(pass, before);
         r.forward_s += seconds_since(begin);
         break;
       }
-      case Kind::receive_backward:
+      case Kind::receive_backward: {
+        const int64_t before = live();
+        exchange.wait_forward_send(a.micro_batch, stage);  // taken: its gradient is on the way
         pass.output_grads = exchange.receive_backward(a.micro_batch, stage);
+        grown(pass, before);
         break;
+      }
       case Kind::backward: {
         sync.before_backward(i == last_backward);
         const auto begin = Clock::now();
@@ -157,6 +182,7 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
         pass.output = core::Carry();
         pass.output_grads.clear();
         pass.loss = at::Tensor();
+        held -= pass.bytes;  // (the input's gradient, sent back next, is the stage before's to count)
         if (stage == 0) in_flight.erase({a.micro_batch, a.chunk});
         break;
       }

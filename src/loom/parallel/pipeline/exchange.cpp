@@ -84,10 +84,11 @@ void CarryExchange::send_forward(const core::Carry& carry, int64_t peer, int64_t
                     text.size(), kHeaderBytes));
   at::Tensor header = at::zeros({kHeaderBytes}, at::kByte);
   std::memcpy(header.data_ptr<uint8_t>(), text.data(), text.size());
-  sends_.push_back(comm_->start_send(header, peer, tag(micro_batch, stage, false, 0)));
+  auto& sends = forward_sends_[{micro_batch, stage}];
+  sends.push_back(comm_->start_send(header, peer, tag(micro_batch, stage, false, 0)));
   int64_t part = 1;
   for (const auto& [name, t] : carry.tensors())
-    sends_.push_back(comm_->start_send(t.detach(), peer, tag(micro_batch, stage, false, part++)));
+    sends.push_back(comm_->start_send(t.detach(), peer, tag(micro_batch, stage, false, part++)));
 }
 
 void CarryExchange::start_receive_forward(int64_t peer, int64_t micro_batch, int64_t stage) {
@@ -149,20 +150,37 @@ std::map<std::string, at::Tensor> CarryExchange::receive_backward(int64_t micro_
 
 void CarryExchange::send_backward(const core::Carry& input, int64_t peer, int64_t micro_batch,
                                   int64_t stage) {
+  const auto begin = Clock::now();
+  for (auto& w : backward_sends_) w->wait();  // their receives were posted with the forward sends
+  backward_sends_.clear();
+  send_wait_s_ += seconds_since(begin);
   int64_t part = 1;
   for (const auto& [name, t] : input.tensors()) {
     if (!t.requires_grad()) continue;
     at::Tensor grad = t.grad();
     if (!grad.defined()) grad = at::zeros_like(t, t.options().requires_grad(false));
-    sends_.push_back(comm_->start_send(grad, peer, tag(micro_batch, stage, true, part++)));
+    backward_sends_.push_back(comm_->start_send(grad, peer, tag(micro_batch, stage, true, part++)));
   }
+}
+
+void CarryExchange::wait_forward_send(int64_t micro_batch, int64_t stage) {
+  auto node = forward_sends_.extract({micro_batch, stage});
+  if (node.empty()) return;
+  const auto begin = Clock::now();
+  for (auto& w : node.mapped()) w->wait();
+  send_wait_s_ += seconds_since(begin);
 }
 
 double CarryExchange::wait_sends() {
   const auto begin = Clock::now();
-  for (auto& w : sends_) w->wait();
-  sends_.clear();
-  return seconds_since(begin);
+  for (auto& [key, sends] : forward_sends_)
+    for (auto& w : sends) w->wait();
+  forward_sends_.clear();
+  for (auto& w : backward_sends_) w->wait();
+  backward_sends_.clear();
+  const double waited = send_wait_s_ + seconds_since(begin);
+  send_wait_s_ = 0;
+  return waited;
 }
 
 double CarryExchange::take_receive_wait() {

@@ -4,9 +4,12 @@
 // dtype, shape and whether it needs a gradient, then one message per entry; the receiver makes them
 // leaves that need a gradient where the sender's did. Backward sends each such entry's gradient
 // back, whose shape the sender knows, so it posts that receive as soon as it has sent the forward
-// output. Sends are started and waited at the end of the step (wait_sends), never blocking a
-// schedule; messages are tagged by (micro-batch, sending stage, direction, entry), so any number
-// may be in flight between two ranks.
+// output. Sends are started and never block a schedule: a forward send is waited once its receiver
+// has certainly taken it (when its gradient comes back, or the sender recomputes it), so the output it
+// holds goes with the pass; a gradient send when the next gradient is sent (its receive was posted
+// when the forward was sent, so it is taken at once); the rest at the end of the step (wait_sends).
+// Messages are tagged by (micro-batch, sending stage, direction, entry), so any number may be in
+// flight between two ranks.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -47,6 +50,9 @@ class CarryExchange {
   // to `peer`'s stage `stage - 1`; `input` is what receive_forward gave `stage`.
   void send_backward(const core::Carry& input, int64_t peer, int64_t micro_batch, int64_t stage);
 
+  // Waits for the forward send of `micro_batch` from `stage` (once the receiver has taken or is
+  // about to take it; its tensors are then let go).
+  void wait_forward_send(int64_t micro_batch, int64_t stage);
   // Waits for every send started (the end of a step); the seconds it waited.
   double wait_sends();
   // Seconds spent waiting in receives since the last call (the pipeline's idle time on this rank).
@@ -58,7 +64,10 @@ class CarryExchange {
 
   std::shared_ptr<dist::Comm> comm_;
   int64_t global_stages_;
-  std::vector<std::unique_ptr<dist::PendingWork>> sends_;
+  // Forward sends by (micro-batch, stage); gradient sends in the order started.
+  std::map<std::pair<int64_t, int64_t>, std::vector<std::unique_ptr<dist::PendingWork>>> forward_sends_;
+  std::vector<std::unique_ptr<dist::PendingWork>> backward_sends_;
+  double send_wait_s_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Header>> headers_;  // by (micro-batch, stage)
   // Backward receives in flight, by (micro-batch, sending stage of the forward): names and buffers.
   struct GradientReceive {
