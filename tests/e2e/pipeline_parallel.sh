@@ -8,7 +8,8 @@
 # recompute with offload inside the stages give the plain pipeline's numbers bit for bit. Checkpoints
 # are the single process's tensors; the pp=2 x tp=2
 # checkpoint of step 10 resumes at pp=1 and at pp=4 with the same step-11 loss. Packed conversations
-# with 0 to 2 images each train under pp=2 as in one process. Then the one-line
+# with 0 to 2 images each train under pp=2 as in one process, and a Qwen2.5-VL (window attention) at
+# pp=3 with a stage per vision block as in one process. Then the one-line
 # errors: a list whose sum is not the tower's blocks, a stage with no blocks, pp not dividing the
 # world, more virtual stages than blocks.
 source "$(dirname "$0")/lib.bash"
@@ -91,6 +92,43 @@ theirs = runs.tensors(f"{work}/mixed_one/step-00000010/model.safetensors")
 weights = max(max(abs(x - y) for x, y in zip(mine[k], theirs[k])) for k in mine)
 assert weights <= 1e-5, weights
 print(f"mixed images (0-2 per sample, packed): 10 losses within {loss:.1e} relative, step-10 weights within {weights:.1e}")
+PY
+# Qwen2.5-VL: the tiny job with a Qwen2.5-VL vision tower (window attention in block 0, windows of one
+# merge unit; full attention in block 1), its two blocks on stages of their own (pp=3 and pp=2).
+python3 - "$SRC/configs/shapes-qwen2vl-tiny.yaml" "$WORK/qwen25.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+start = text.index("    vision_config:")
+end = text.index("data:")
+vision = '''    vision_config: {depth: 2, hidden_size: 64, out_hidden_size: 128, intermediate_size: 128, num_heads: 2,
+      in_channels: 3, patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, hidden_act: silu,
+      window_size: 28, fullatt_block_indexes: [1]}
+'''
+text = text[:start] + vision + text[end:]
+text = text.replace("family: qwen2_vl", "family: qwen2_5_vl").replace("model_type: qwen2_vl", "model_type: qwen2_5_vl")
+open(sys.argv[2], "w").write(text)
+PY
+"$LOOM" train "$WORK/qwen25.yaml" "${common[@]}" --set training.steps=10 --set training.micro_batch_size=4 \
+  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
+  --set training.output_dir="$WORK/qwen25_one" > "$WORK/qwen25_one.log" 2>&1 || { cat "$WORK/qwen25_one.log"; fail "Qwen2.5-VL, one process"; }
+"$LOOM" run -n 3 -- "$LOOM" train "$WORK/qwen25.yaml" "${common[@]}" --set training.steps=10 --set training.micro_batch_size=4 \
+  --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 --set parallel.pp=3 \
+  --set "model.pipeline_layers={visual: [1, 1, 0], llm: [0, 0, 3]}" --set training.output_dir="$WORK/qwen25_pp3" \
+  > "$WORK/qwen25_pp3.log" 2>&1 || { cat "$WORK/qwen25_pp3.log"; fail "Qwen2.5-VL, pp=3"; }
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import runs
+a, b = runs.steps(f"{work}/qwen25_one/metrics.jsonl"), runs.steps(f"{work}/qwen25_pp3/metrics.jsonl")
+assert sorted(a) == sorted(b) == list(range(1, 11)), (sorted(a), sorted(b))
+loss = max(abs(a[s]["loss"] - b[s]["loss"]) / a[s]["loss"] for s in a)
+assert loss <= 1e-5, loss
+mine = runs.tensors(f"{work}/qwen25_pp3/step-00000010/model.safetensors")
+theirs = runs.tensors(f"{work}/qwen25_one/step-00000010/model.safetensors")
+weights = max(max(abs(x - y) for x, y in zip(mine[k], theirs[k])) for k in mine)
+assert weights <= 1e-5, weights
+print(f"Qwen2.5-VL at pp=3 (a stage per vision block): 10 losses within {loss:.1e} relative, step-10 weights within {weights:.1e}")
 PY
 # The step-10 checkpoint of pp=2 x tp=2, resumed at pp=1 and at pp=4.
 mkdir -p "$WORK/resumed_pp1" "$WORK/resumed_pp4"
