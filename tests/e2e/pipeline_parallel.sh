@@ -1,7 +1,7 @@
 # Pipeline parallelism through `loom run` over Gloo, against the single-process run of the tiny
 # shapes job (2 vision blocks, 3 LLM blocks, tied embeddings; 20 fp32 steps, 4 packed micro-batches
 # a step): pp=2 (1F1B), pp=2 with GPipe, pp=4, pp=2 with 2 virtual stages (interleaved 1F1B), pp=2 x
-# tp=2 with sequence parallelism, pp=2 x dp=2 with ZeRO-1, a stage with only vision blocks beside a
+# tp=2 with sequence parallelism, pp=2 x dp=2 with ZeRO-1 and with FSDP, a stage with only vision blocks beside a
 # stage with none, and an uneven split with the vision tower over both stages. Each gives the
 # single-process loss at every step within 1e-5 relative and its step-20 weights (gathered whole
 # from the stages) within 1e-5. Recompute in the bubbles (pp=4, and pp=2 x 2 virtual stages) and full
@@ -23,6 +23,7 @@ parallel_run pp4 4 --set parallel.pp=4
 parallel_run pp2_v2 2 --set parallel.pp=2 --set parallel.virtual_stages=2
 parallel_run pp2_tp2 4 --set parallel.pp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 parallel_run pp2_dp2_zero1 4 --set parallel.pp=2 --set parallel.zero=1
+parallel_run pp2_dp2_fsdp 4 --set parallel.pp=2 --set parallel.zero=3
 parallel_run vision_stage 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [0, 3]}"
 parallel_run uneven 2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [1, 1], llm: [0, 3]}"
 # Recompute in the bubbles, and the memory features inside the stages: the plain runs' numbers bit for bit.
@@ -146,7 +147,8 @@ import runs
 one = runs.steps(f"{work}/one/metrics.jsonl")
 assert sorted(one) == list(range(1, 21)), sorted(one)
 theirs = runs.tensors(f"{work}/one/step-00000020/model.safetensors")
-for name in ("pp2", "pp2_gpipe", "pp4", "pp2_v2", "pp2_tp2", "pp2_dp2_zero1", "vision_stage", "uneven"):
+for name in ("pp2", "pp2_gpipe", "pp4", "pp2_v2", "pp2_tp2", "pp2_dp2_zero1", "pp2_dp2_fsdp", "vision_stage",
+             "uneven"):
     run = runs.steps(f"{work}/{name}/metrics.jsonl")
     assert sorted(run) == list(range(1, 21)), (name, sorted(run))
     loss = max(abs(run[s]["loss"] - one[s]["loss"]) / one[s]["loss"] for s in run)

@@ -109,9 +109,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
 
   // The layout is sound; now refuse what this build cannot run rather than ignore it.
   const char* kUnavailable = "is not available in this version of Loom";
-  if (p.pp > 1 && p.zero == 3 && dp > 1)
-    fail(fmt::format("parallel.zero=3 with parallel.pp={}: FSDP under pipeline parallelism {} (use zero 1)",
-                     p.pp, kUnavailable));
   if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
   if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
 }

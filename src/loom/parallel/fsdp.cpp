@@ -302,7 +302,8 @@ core::Carry FullyShardedModel::run(const core::Layer& layer, core::Carry carry,
   {
     std::lock_guard<std::recursive_mutex> lock(mutex_);
     const auto it = unit_of_.find(&layer);
-    if (mode_ == Mode::gathered || whole_layers_.count(&layer) > 0) return next(std::move(carry));
+    if (mode_ == Mode::gathered || mode_ == Mode::gathered_pass || whole_layers_.count(&layer) > 0)
+      return next(std::move(carry));
     if (mode_ != Mode::pass)
       throw ModelError(
           fmt::format("FSDP: layer {} ran while the parameters were sharded (outside a pass or gather_all)",
@@ -396,6 +397,29 @@ double FullyShardedModel::end_pass() {
     start_reduce(reductions_[reduce_next_++]);
     wait_for_reductions();
   }
+  return finish_pass(begin);
+}
+
+void FullyShardedModel::begin_gathered_pass() {
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (mode_ != Mode::sharded)
+    throw ModelError("FSDP: a gathered pass began while a pass ran or all was gathered");
+  for (size_t u = 0; u < units_.size(); ++u) start_gather(u);
+  for (size_t u = 0; u < units_.size(); ++u) wait_gather(u);
+  mode_ = Mode::gathered_pass;
+}
+
+double FullyShardedModel::end_gathered_pass() {
+  const auto begin = std::chrono::steady_clock::now();
+  std::lock_guard<std::recursive_mutex> lock(mutex_);
+  if (mode_ != Mode::gathered_pass) throw ModelError("FSDP: end_gathered_pass without begin_gathered_pass");
+  // Each unit's accumulated gradients reduce-scattered in the fixed order, its whole buffers freed.
+  for (size_t u : reductions_) start_reduce(u);
+  return finish_pass(begin);
+}
+
+// After a pass's reduce-scatters were started: waits for them, back to sharded.
+double FullyShardedModel::finish_pass(const std::chrono::steady_clock::time_point& begin) {
   wait_for_reductions();
   std::exception_ptr error;
   {

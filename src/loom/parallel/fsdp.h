@@ -26,12 +26,14 @@
 // ranks never wait on each other's data.
 //
 // Outside a pass, gather_all() makes every parameter whole (evaluation, checkpoints, loading
-// weights) until release_all().
+// weights) until release_all(). Under pipeline parallelism a step is one gathered pass
+// (begin_gathered_pass).
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <deque>
 #include <exception>
@@ -80,6 +82,14 @@ class FullyShardedModel : public core::LayerRunner {
   void begin_pass();
   double end_pass();
 
+  // Under a pipeline schedule, which runs many micro-batches' forwards and backwards interleaved: the
+  // units are gathered once for the whole schedule (the layers run whole, as under gather_all) and
+  // their gradients, accumulated over it, reduce-scattered once after it (no resharding after
+  // forward, as torchtitan does under pipeline parallelism). Collectives only here, so ranks with
+  // different micro-batch counts pair. end_gathered_pass returns the seconds it took.
+  void begin_gathered_pass();
+  double end_gathered_pass();
+
   // Every parameter whole (collective), until release_all().
   void gather_all();
   void release_all();
@@ -115,7 +125,8 @@ class FullyShardedModel : public core::LayerRunner {
   void account(int64_t bytes);
   void finish_reductions();  // the reduce thread's loop
 
-  enum class Mode { sharded, pass, gathered };
+  enum class Mode { sharded, pass, gathered, gathered_pass };
+  double finish_pass(const std::chrono::steady_clock::time_point& begin);
   std::shared_ptr<dist::Comm> gather_comm_, reduce_comm_;
   std::vector<std::unique_ptr<Unit>> units_;  // root first, then layer units in forward order
   std::map<const core::Layer*, size_t> unit_of_;

@@ -131,10 +131,21 @@ class LayoutGradients : public GradientSync {
     for (size_t r = 1; r < counts.size(); ++r) passes = std::max(passes, static_cast<size_t>(counts[r]));
     return {passes, counts[0]};
   }
+  // Under pipeline parallelism the schedule is one pass: FSDP gathers once and reduce-scatters once,
+  // after the tied embedding's gradients are summed over its stages (whole, before they are sharded).
   void begin_pass() override {
-    if (fsdp) fsdp->begin_pass();
+    if (fsdp && pipeline)
+      fsdp->begin_gathered_pass();
+    else if (fsdp)
+      fsdp->begin_pass();
   }
-  double end_pass() override { return fsdp ? fsdp->end_pass() : 0.0; }
+  double end_pass() override {
+    if (fsdp && pipeline) {
+      pipeline->sum_shared_gradients();
+      return fsdp->end_gathered_pass();
+    }
+    return fsdp ? fsdp->end_pass() : 0.0;
+  }
   void before_backward(bool last) override {
     // Only the last micro-batch's backward communicates: earlier ones only accumulate.
     if (reducer && last) reducer->arm();
@@ -344,11 +355,20 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     // FSDP: the units shard the parameters; the optimizer updates the units' slices.
     std::vector<std::pair<std::string, at::Tensor>> trainable;
     for (const auto& param : params) trainable.emplace_back(param.name, param.param);
-    std::vector<std::string> units = p.fsdp_plan;
-    if (units.empty())  // the model's repeated blocks
-      for (const auto& layer : layers)
-        if (layer->block()) units.push_back(layer->name());
-    sync->fsdp = std::make_shared<parallel::FullyShardedModel>(data, trainable, layers, units);
+    // Under pipeline parallelism, the layers of this rank's stages: the plan's layers among them.
+    core::Layers held = layers;
+    if (sync->pipeline) {
+      held.clear();
+      for (const core::Stage& chunk : sync->pipeline->chunks())
+        held.insert(held.end(), chunk.layers.begin(), chunk.layers.end());
+    }
+    std::vector<std::string> units;
+    const std::vector<bool> planned = parallel::fsdp_planned_layers(p.fsdp_plan, layers);
+    for (size_t i = 0; i < layers.size(); ++i)
+      if ((p.fsdp_plan.empty() ? layers[i]->block() : planned[i]) &&
+          std::find(held.begin(), held.end(), layers[i]) != held.end())
+        units.push_back(layers[i]->name());
+    sync->fsdp = std::make_shared<parallel::FullyShardedModel>(data, trainable, held, units);
     runners.push_back(sync->fsdp);
     sync->sharded = std::make_shared<ShardedAdamW>(data, sync->fsdp->shards(), adamw);
     plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);
