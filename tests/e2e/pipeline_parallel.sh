@@ -131,6 +131,9 @@ weights = max(max(abs(x - y) for x, y in zip(mine[k], theirs[k])) for k in mine)
 assert weights <= 1e-5, weights
 print(f"Qwen2.5-VL at pp=3 (a stage per vision block): 10 losses within {loss:.1e} relative, step-10 weights within {weights:.1e}")
 PY
+# Headers and gradient buffers are reused from micro-batch to micro-batch and step to step.
+grep -qE "^\[rank 0\] .*pipeline: [0-9.]+ s waited for the other stages in [0-9.]+ s of steps; [1-9][0-9]* header and gradient buffers reused" \
+  "$WORK/pp4.log" || { cat "$WORK/pp4.log"; fail "no reused pipeline buffers"; }
 # The step-10 checkpoint of pp=2 x tp=2, resumed at pp=1 and at pp=4.
 mkdir -p "$WORK/resumed_pp1" "$WORK/resumed_pp4"
 cp -r "$WORK/pp2_tp2/step-00000010" "$WORK/resumed_pp1/"

@@ -67,7 +67,7 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
   for (const pp::Action& a : order)
     if (a.kind == Kind::recompute) recomputed.emplace(a.micro_batch, a.chunk);
   const int64_t next = (rank + 1) % ranks, previous = (rank + ranks - 1) % ranks;
-  pp::CarryExchange exchange(pipeline.comm, shape.global_stages());
+  pp::CarryExchange& exchange = *pipeline.exchange;
   // Each forward's header receive starts once the forward before it has its input.
   std::vector<const pp::Action*> receives;
   for (const pp::Action& a : order)
@@ -172,15 +172,15 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
         } else {
           // From the output entries that need a gradient, with the gradients the next stage sent back.
           std::vector<at::Tensor> outputs, grads;
-          for (auto& [name, grad] : pass.output_grads) {
+          for (const auto& [name, grad] : pass.output_grads) {
             outputs.push_back(pass.output.get(name));
-            grads.push_back(std::move(grad));
+            grads.push_back(grad);
           }
           if (!outputs.empty()) torch::autograd::backward(outputs, grads);
         }
         r.backward_s += seconds_since(begin);
         pass.output = core::Carry();
-        pass.output_grads.clear();
+        exchange.give_back(pass.output_grads);  // for the next receives of their shapes
         pass.loss = at::Tensor();
         held -= pass.bytes;  // (the input's gradient, sent back next, is the stage before's to count)
         if (stage == 0) in_flight.erase({a.micro_batch, a.chunk});

@@ -13,6 +13,7 @@
 #include "loom/dist/grad_reducer.h"
 #include "loom/memory/recompute.h"
 #include "loom/parallel/fsdp.h"
+#include "loom/parallel/pipeline/exchange.h"
 #include "loom/parallel/tensor.h"
 #include "loom/train/pipeline_placement.h"
 #include "loom/train/schedule.h"
@@ -476,7 +477,9 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     plan.stages.push_back(std::move(stage));
   }
   if (!placement) return plan;
-  plan.pipeline = {pipeline, p.pipeline_schedule, job.features.recompute_in_bubbles};
+  plan.pipeline = {pipeline,
+                   std::make_shared<parallel::pipeline::CarryExchange>(pipeline, p.pp * p.virtual_stages),
+                   p.pipeline_schedule, job.features.recompute_in_bubbles};
   plan.pipeline_parallel = pipeline->size();
   std::vector<std::string> held;
   for (const core::Stage& stage : plan.stages)

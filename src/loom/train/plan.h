@@ -20,6 +20,10 @@
 #include "loom/dist/comm.h"
 #include "loom/train/optimizer.h"
 
+namespace loom::parallel::pipeline {
+class CarryExchange;
+}
+
 namespace loom::train {
 
 // Bytes a rank holds between steps for the trainable parameters, their gradients and the optimizer
@@ -77,7 +81,8 @@ class Optimizer {
 
 // The pipeline a rank's stages belong to (no comm: one stage holds every layer).
 struct PipelineRun {
-  std::shared_ptr<dist::Comm> comm;   // the pipeline group: rank r holds global stages r, r + pp, ...
+  std::shared_ptr<dist::Comm> comm;  // the pipeline group: rank r holds global stages r, r + pp, ...
+  std::shared_ptr<parallel::pipeline::CarryExchange> exchange;  // over comm, kept from step to step
   std::string schedule = "1f1b";      // 1f1b (interleaved with virtual stages) | gpipe
   bool recompute_in_bubbles = false;  // features.recompute_in_bubbles
 };

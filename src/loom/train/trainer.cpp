@@ -13,6 +13,7 @@
 #include "loom/checkpoint/trainer_state.h"
 #include "loom/data/loader.h"
 #include "loom/models/weights.h"
+#include "loom/parallel/pipeline/exchange.h"
 #include "loom/tasks/registry.h"
 #include "loom/train/flops.h"
 #include "loom/train/forward_backward.h"
@@ -305,6 +306,7 @@ std::optional<core::Evaluation> Trainer::train() {
   // Time the steps spent waiting for the loader, over all their time (this run's steps).
   double total_data_wait = 0, total_step_time = 0;
   double total_grad_sync = 0;                            // waiting for gradient communication after backward
+  double total_pipeline_wait = 0;                        // waiting for the other pipeline stages
   int64_t overlong_truncated = 0, overlong_dropped = 0;  // this run's over-long training samples
   int64_t skipped = 0;                                   // and its unusable ones
   auto log_loader_share = [&] {
@@ -313,6 +315,12 @@ std::optional<core::Evaluation> Trainer::train() {
         "over-long samples: {} truncated, {} dropped; unusable samples skipped: {}",
         100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time,
         overlong_truncated, overlong_dropped, skipped);
+    if (plan_.pipeline.exchange)
+      spdlog::info(
+          "pipeline: {:.3f} s waited for the other stages in {:.1f} s of steps; {} header and gradient "
+          "buffers "
+          "reused",
+          total_pipeline_wait, total_step_time, plan_.pipeline.exchange->buffers_reused());
     if (const std::string line = plan_.gradients->summary(total_grad_sync, total_step_time); !line.empty())
       spdlog::info("{}", line);
   };
@@ -347,6 +355,7 @@ std::optional<core::Evaluation> Trainer::train() {
     total_data_wait += data_wait;
     total_step_time += seconds;
     total_grad_sync += stats.grad_sync_s;
+    total_pipeline_wait += stats.receive_wait_s;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
     const double step_mfu = mfu(stats.flops, seconds);
     if (metrics)

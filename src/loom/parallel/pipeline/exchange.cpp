@@ -16,6 +16,8 @@ namespace {
 constexpr int64_t kHeaderBytes = 4096;
 // Tags per (micro-batch, stage, direction): the header and up to this many entries less one.
 constexpr int64_t kParts = 64;
+// Spare buffers kept for reuse, at most.
+constexpr size_t kMaxSpare = 64;
 
 std::string header_text(const core::Carry& carry) {
   std::string text;
@@ -55,9 +57,33 @@ std::vector<Entry> parse_header(const at::Tensor& bytes) {
 }  // namespace
 
 struct CarryExchange::Header {
-  at::Tensor bytes = at::zeros({kHeaderBytes}, at::kByte);
+  at::Tensor bytes;
   std::unique_ptr<dist::PendingWork> work;
 };
+
+at::Tensor CarryExchange::take_buffer(at::IntArrayRef sizes, at::ScalarType dtype) {
+  auto it = spare_.find({static_cast<int>(dtype), sizes.vec()});
+  if (it == spare_.end() || it->second.empty()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+  at::Tensor buffer = std::move(it->second.back());
+  it->second.pop_back();
+  --spare_count_;
+  ++reused_;
+  return buffer;
+}
+
+void CarryExchange::give_back(at::Tensor buffer) {
+  // Only what nothing else holds (backward may have kept a gradient as a leaf's .grad).
+  if (!buffer.defined() || buffer.use_count() != 1 || buffer.storage().use_count() != 1 ||
+      spare_count_ >= kMaxSpare)
+    return;
+  spare_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(std::move(buffer));
+  ++spare_count_;
+}
+
+void CarryExchange::give_back(std::map<std::string, at::Tensor>& gradients) {
+  for (auto& [name, grad] : gradients) give_back(std::move(grad));
+  gradients.clear();
+}
 
 CarryExchange::CarryExchange(std::shared_ptr<dist::Comm> pipeline, int64_t global_stages)
     : comm_(std::move(pipeline)), global_stages_(global_stages) {}
@@ -82,19 +108,22 @@ void CarryExchange::send_forward(const core::Carry& carry, int64_t peer, int64_t
     throw ModelError(
         fmt::format("pipeline: stage {}'s carry is described in {} bytes, more than a header's {}", stage,
                     text.size(), kHeaderBytes));
-  at::Tensor header = at::zeros({kHeaderBytes}, at::kByte);
+  at::Tensor header = take_buffer({kHeaderBytes}, at::kByte);
+  header.zero_();
   std::memcpy(header.data_ptr<uint8_t>(), text.data(), text.size());
-  auto& sends = forward_sends_[{micro_batch, stage}];
-  sends.push_back(comm_->start_send(header, peer, tag(micro_batch, stage, false, 0)));
+  ForwardSend& sends = forward_sends_[{micro_batch, stage}];
+  sends.work.push_back(comm_->start_send(header, peer, tag(micro_batch, stage, false, 0)));
+  sends.header = std::move(header);
   int64_t part = 1;
   for (const auto& [name, t] : carry.tensors())
-    sends.push_back(comm_->start_send(t.detach(), peer, tag(micro_batch, stage, false, part++)));
+    sends.work.push_back(comm_->start_send(t.detach(), peer, tag(micro_batch, stage, false, part++)));
 }
 
 void CarryExchange::start_receive_forward(int64_t peer, int64_t micro_batch, int64_t stage) {
   auto& header = headers_[{micro_batch, stage}];
   if (header) return;
   header = std::make_unique<Header>();
+  header->bytes = take_buffer({kHeaderBytes}, at::kByte);
   header->work = comm_->start_recv(header->bytes, peer, tag(micro_batch, stage - 1, false, 0));
 }
 
@@ -104,6 +133,7 @@ core::Carry CarryExchange::receive_forward(int64_t peer, int64_t micro_batch, in
   auto node = headers_.extract({micro_batch, stage});
   node.mapped()->work->wait();
   const std::vector<Entry> entries = parse_header(node.mapped()->bytes);
+  give_back(std::move(node.mapped()->bytes));
   std::vector<at::Tensor> tensors;
   std::vector<std::unique_ptr<dist::PendingWork>> work;
   int64_t part = 1;
@@ -128,7 +158,7 @@ void CarryExchange::start_receive_backward(const core::Carry& output, int64_t pe
   for (const auto& [name, t] : output.tensors()) {
     if (!t.requires_grad()) continue;
     receive.names.push_back(name);
-    receive.buffers.push_back(at::empty(t.sizes(), t.options().requires_grad(false)));
+    receive.buffers.push_back(take_buffer(t.sizes(), t.scalar_type()));
     receive.work.push_back(
         comm_->start_recv(receive.buffers.back(), peer, tag(micro_batch, stage + 1, true, part++)));
   }
@@ -167,14 +197,19 @@ void CarryExchange::wait_forward_send(int64_t micro_batch, int64_t stage) {
   auto node = forward_sends_.extract({micro_batch, stage});
   if (node.empty()) return;
   const auto begin = Clock::now();
-  for (auto& w : node.mapped()) w->wait();
+  for (auto& w : node.mapped().work) w->wait();
+  node.mapped().work.clear();  // the tensors they held
   send_wait_s_ += seconds_since(begin);
+  give_back(std::move(node.mapped().header));
 }
 
 double CarryExchange::wait_sends() {
   const auto begin = Clock::now();
-  for (auto& [key, sends] : forward_sends_)
-    for (auto& w : sends) w->wait();
+  for (auto& [key, sends] : forward_sends_) {
+    for (auto& w : sends.work) w->wait();
+    sends.work.clear();
+    give_back(std::move(sends.header));
+  }
   forward_sends_.clear();
   for (auto& w : backward_sends_) w->wait();
   backward_sends_.clear();

@@ -9,7 +9,8 @@
 // holds goes with the pass; a gradient send when the next gradient is sent (its receive was posted
 // when the forward was sent, so it is taken at once); the rest at the end of the step (wait_sends).
 // Messages are tagged by (micro-batch, sending stage, direction, entry), so any number may be in
-// flight between two ranks.
+// flight between two ranks. Headers and gradient buffers are reused from step to step (the forward
+// inputs are not: they are the stage's inputs until its backward).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -46,6 +47,9 @@ class CarryExchange {
   void start_receive_backward(const core::Carry& output, int64_t peer, int64_t micro_batch, int64_t stage);
   // Waits for them: name -> gradient.
   std::map<std::string, at::Tensor> receive_backward(int64_t micro_batch, int64_t stage);
+  // Takes gradients back once backward is done with them, for later receives of their shape (those
+  // something else still holds are left alone); empties `gradients`.
+  void give_back(std::map<std::string, at::Tensor>& gradients);
   // Starts sending the gradients of `input`'s entries that need one (zeros where backward left none)
   // to `peer`'s stage `stage - 1`; `input` is what receive_forward gave `stage`.
   void send_backward(const core::Carry& input, int64_t peer, int64_t micro_batch, int64_t stage);
@@ -57,15 +61,23 @@ class CarryExchange {
   double wait_sends();
   // Seconds spent waiting in receives since the last call (the pipeline's idle time on this rank).
   double take_receive_wait();
+  // Headers and gradient buffers taken from the spares rather than allocated, so far.
+  int64_t buffers_reused() const { return reused_; }
 
  private:
   struct Header;
   int64_t tag(int64_t micro_batch, int64_t stage, bool backward, int64_t part) const;
+  at::Tensor take_buffer(at::IntArrayRef sizes, at::ScalarType dtype);
+  void give_back(at::Tensor buffer);
 
   std::shared_ptr<dist::Comm> comm_;
   int64_t global_stages_;
   // Forward sends by (micro-batch, stage); gradient sends in the order started.
-  std::map<std::pair<int64_t, int64_t>, std::vector<std::unique_ptr<dist::PendingWork>>> forward_sends_;
+  struct ForwardSend {
+    at::Tensor header;
+    std::vector<std::unique_ptr<dist::PendingWork>> work;
+  };
+  std::map<std::pair<int64_t, int64_t>, ForwardSend> forward_sends_;
   std::vector<std::unique_ptr<dist::PendingWork>> backward_sends_;
   double send_wait_s_ = 0;
   std::map<std::pair<int64_t, int64_t>, std::unique_ptr<Header>> headers_;  // by (micro-batch, stage)
@@ -77,6 +89,9 @@ class CarryExchange {
   };
   std::map<std::pair<int64_t, int64_t>, GradientReceive> gradients_;
   double receive_wait_s_ = 0;
+  std::map<std::pair<int, std::vector<int64_t>>, std::vector<at::Tensor>> spare_;  // by dtype and shape
+  size_t spare_count_ = 0;
+  int64_t reused_ = 0;
 };
 
 }  // namespace loom::parallel::pipeline
