@@ -195,6 +195,9 @@ refused bad_sum 2 "model.pipeline_layers.llm: \\[1, 1\\] sums to 2, but the mode
   --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 1]}"
 refused empty_stage 2 "model.pipeline_layers: stage 1 holds no blocks of any tower \\(visual, llm\\); every stage needs one" \
   --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [3, 0]}"
+refused recompute_layers 2 "features.recompute_layers: 2 is more than the 1 blocks of the smallest pipeline stage \\(model.pipeline_layers: \\{visual: \\[2, 0\\], llm: \\[2, 1\\]\\}\\)" \
+  --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [2, 1]}" --set features.recompute=full \
+  --set features.recompute_layers=2
 refused world 3 ".*parallel.dp=auto: world size 3 is not divisible by tp\\*cp\\*pp = 1\\*1\\*2 = 2" --set parallel.pp=2
 refused virtual 2 ".*parallel.pp=2 x parallel.virtual_stages=3 = 6 pipeline stages exceeds the model's 5 blocks" \
   --set parallel.pp=2 --set parallel.virtual_stages=3

@@ -24,8 +24,15 @@ PipelinePlacement::PipelinePlacement(core::Model& model, const config::JobConfig
   const auto cut = pp::cut_stages(infos, stages, job.model.pipeline_layers);
   description_ = pp::describe_cut(infos, cut);
   std::vector<int64_t> stage_of(layers.size());
-  for (int64_t s = 0; s < stages; ++s)
-    for (size_t i = cut[s].begin; i < cut[s].end; ++i) stage_of[i] = s;
+  fewest_blocks_ = static_cast<int64_t>(layers.size());
+  for (int64_t s = 0; s < stages; ++s) {
+    int64_t blocks = 0;
+    for (size_t i = cut[s].begin; i < cut[s].end; ++i) {
+      stage_of[i] = s;
+      blocks += layers[i]->block() ? 1 : 0;
+    }
+    fewest_blocks_ = std::min(fewest_blocks_, blocks);
+  }
   for (int64_t c = 0; c < chunks; ++c) {
     const int64_t s = c * ranks + rank;
     core::Stage chunk;

@@ -40,6 +40,8 @@ class PipelinePlacement {
   bool counts(const std::string& name) const { return holds(name) && !copies_.count(name); }
   // "model.pipeline_layers: {...}" as cut.
   const std::string& description() const { return description_; }
+  // The fewest blocks any stage of the pipeline holds.
+  int64_t fewest_blocks() const { return fewest_blocks_; }
 
   // Sums the gradients of the parameters held on several ranks over those ranks (zeros for a
   // missing one).
@@ -52,6 +54,7 @@ class PipelinePlacement {
   std::shared_ptr<dist::Comm> comm_;
   std::vector<core::Stage> chunks_;
   std::string description_;
+  int64_t fewest_blocks_ = 0;
   std::vector<std::pair<std::string, at::Tensor>> parameters_;  // the model's, in module order
   std::set<std::string> held_, copies_;  // held here; held here but counted by another rank
   // The groups of ranks holding parameters alike, with those parameters' names.

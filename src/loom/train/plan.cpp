@@ -114,12 +114,13 @@ class LayoutGradients : public GradientSync {
   std::shared_ptr<ShardedAdamW> sharded;
   std::shared_ptr<PipelinePlacement> pipeline;  // null: pp 1
   std::vector<bool> counted;                    // under pp: whether this rank counts trainable[i]'s norm
+  int64_t interleave_group = 0;  // interleaved pipeline: the micro-batches come in groups of pp
   int64_t bucket_mb = 0;
   bool overlap = false;
 
   std::pair<size_t, double> passes_and_total(size_t local, double count) override {
     std::vector<double> counts{count};
-    if (fsdp) {
+    if (fsdp || interleave_group > 1) {
       counts.resize(1 + static_cast<size_t>(data->size()), 0.0);
       counts[1 + static_cast<size_t>(data->rank())] = static_cast<double>(local);
     }
@@ -129,7 +130,17 @@ class LayoutGradients : public GradientSync {
       counts.assign(t.data_ptr<double>(), t.data_ptr<double>() + t.numel());
     }
     size_t passes = local;
-    for (size_t r = 1; r < counts.size(); ++r) passes = std::max(passes, static_cast<size_t>(counts[r]));
+    for (size_t r = 1; r < counts.size(); ++r) {
+      passes = std::max(passes, static_cast<size_t>(counts[r]));
+      // Every rank sees every count, so every rank refuses a step the interleaved order cannot take.
+      if (interleave_group > 1 && static_cast<int64_t>(counts[r]) % interleave_group != 0)
+        throw ConfigError(fmt::format(
+            "parallel.virtual_stages: the interleaved schedule takes micro-batches in groups of "
+            "parallel.pp={}, "
+            "and data rank {} has {} this step (samples dropped or packed into fewer micro-batches; use "
+            "virtual_stages 1, or a batch whose micro-batches are always a multiple of pp)",
+            interleave_group, r - 1, static_cast<int64_t>(counts[r])));
+    }
     return {passes, counts[0]};
   }
   // Under pipeline parallelism the schedule is one pass: FSDP gathers once and reduce-scatters once,
@@ -294,6 +305,12 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
                       "dump them with pp 1",
                       p.pp));
     sync->pipeline = std::make_shared<PipelinePlacement>(model, job, pipeline);
+    if (p.virtual_stages > 1) sync->interleave_group = p.pp;
+    // Every rank refuses alike (the cut is the same everywhere), before any collective.
+    if (job.features.recompute != "none" && job.features.recompute_layers > sync->pipeline->fewest_blocks())
+      throw ConfigError(fmt::format(
+          "features.recompute_layers: {} is more than the {} blocks of the smallest pipeline stage ({})",
+          job.features.recompute_layers, sync->pipeline->fewest_blocks(), sync->pipeline->description()));
     params.clear();
     for (const auto& param : model_params)
       if (sync->pipeline->holds(param.name)) {

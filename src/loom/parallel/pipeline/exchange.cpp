@@ -122,9 +122,10 @@ void CarryExchange::send_forward(const core::Carry& carry, int64_t peer, int64_t
 void CarryExchange::start_receive_forward(int64_t peer, int64_t micro_batch, int64_t stage) {
   auto& header = headers_[{micro_batch, stage}];
   if (header) return;
-  header = std::make_unique<Header>();
-  header->bytes = take_buffer({kHeaderBytes}, at::kByte);
-  header->work = comm_->start_recv(header->bytes, peer, tag(micro_batch, stage - 1, false, 0));
+  auto made = std::make_unique<Header>();  // kept only once its receive is posted
+  made->bytes = take_buffer({kHeaderBytes}, at::kByte);
+  made->work = comm_->start_recv(made->bytes, peer, tag(micro_batch, stage - 1, false, 0));
+  header = std::move(made);
 }
 
 core::Carry CarryExchange::receive_forward(int64_t peer, int64_t micro_batch, int64_t stage) {
@@ -133,6 +134,7 @@ core::Carry CarryExchange::receive_forward(int64_t peer, int64_t micro_batch, in
   auto node = headers_.extract({micro_batch, stage});
   node.mapped()->work->wait();
   const std::vector<Entry> entries = parse_header(node.mapped()->bytes);
+  node.mapped()->work.reset();  // which holds the buffer too
   give_back(std::move(node.mapped()->bytes));
   std::vector<at::Tensor> tensors;
   std::vector<std::unique_ptr<dist::PendingWork>> work;
