@@ -107,5 +107,88 @@ TEST(FlashAttention, BadShapesAreModelErrors) {
   EXPECT_THROW(flash_attention(y.q, y.k, y.v, {0, 6, 4, 10}), ModelError);
 }
 
+// The raw block functions on cu_seqlens' segments are flash_attention: the same output, log-sum-exp
+// and gradients, from the CPU kernel and from the composite.
+TEST(AttentionBlocks, SegmentBlocksAreFlashAttention) {
+  const std::vector<int64_t> cu{0, 5, 70, 70, 200};
+  for (bool causal : {false, true}) {
+    Inputs x = inputs(200, 4, 2, 16, at::kFloat, 11);
+    at::Tensor lse;
+    at::Tensor out = flash_attention(x.q, x.k, x.v, cu, {causal}, &lse);
+    (out * x.grad).sum().backward();
+    const at::NoGradGuard no_grad;
+    for (bool composite : {false, true}) {
+      const std::string what = fmt::format("causal {} composite {}", causal, composite);
+      const auto blocks = segment_blocks(cu);
+      AttentionResult r = composite ? composite_attention_forward(x.q, x.k, x.v, blocks, {causal})
+                                    : attention_forward(x.q, x.k, x.v, blocks, {causal});
+      expect_close(r.out, out, 2e-6, what + ": out");
+      expect_close(r.lse, lse, 2e-6, what + ": lse");
+      AttentionGrads g =
+          composite ? composite_attention_backward(x.grad, x.q, x.k, x.v, r.out, r.lse, blocks, {causal})
+                    : attention_backward(x.grad, x.q, x.k, x.v, r.out, r.lse, blocks, {causal});
+      expect_close(g.dq, x.q.grad(), 2e-5, what + ": dq");
+      expect_close(g.dk, x.k.grad(), 2e-5, what + ": dk");
+      expect_close(g.dv, x.v.grad(), 2e-5, what + ": dv");
+    }
+  }
+}
+
+// What ring attention rests on: a segment's keys cut into blocks held apart (here the keys in
+// another tensor, in reverse order of the blocks), each block's partial result merged by its
+// log-sum-exp, gives the segment's attention; and each block's backward, given the merged out and
+// lse, gives that block's share of the gradients (dq summed over the blocks).
+TEST(AttentionBlocks, PartialResultsMergeByLogSumExpIntoTheWhole) {
+  const int64_t tokens = 300, cut = 113;  // keys [0, 113) and [113, 300), neither a tile multiple
+  Inputs x = inputs(tokens, 4, 1, 8, at::kFloat, 5);
+  at::Tensor want = flash_attention(x.q, x.k, x.v, {0, tokens});
+  (want * x.grad).sum().backward();
+  const at::NoGradGuard no_grad;
+  // The keys stored as [second part, first part]: each block names where its keys are.
+  const at::Tensor k2 = at::cat({x.k.narrow(0, cut, tokens - cut), x.k.narrow(0, 0, cut)});
+  const at::Tensor v2 = at::cat({x.v.narrow(0, cut, tokens - cut), x.v.narrow(0, 0, cut)});
+  const std::vector<AttentionBlock> first{{0, tokens, tokens - cut, cut}},
+      second{{0, tokens, 0, tokens - cut}};
+  for (bool composite : {false, true}) {
+    auto forward = composite ? composite_attention_forward : attention_forward;
+    auto backward = composite ? composite_attention_backward : attention_backward;
+    AttentionResult a = forward(x.q, k2, v2, first, {}), b = forward(x.q, k2, v2, second, {});
+    const at::Tensor lse = at::logaddexp(a.lse, b.lse);  // (H, T)
+    auto weight = [&](const at::Tensor& part) { return at::exp(part - lse).transpose(0, 1).unsqueeze(-1); };
+    const at::Tensor out = a.out * weight(a.lse) + b.out * weight(b.lse);
+    expect_close(out, want, 2e-6, fmt::format("composite {}: merged out", composite));
+    AttentionGrads ga = backward(x.grad, x.q, k2, v2, out, lse, first, {});
+    AttentionGrads gb = backward(x.grad, x.q, k2, v2, out, lse, second, {});
+    expect_close(ga.dq + gb.dq, x.q.grad(), 2e-5, "dq");
+    const at::Tensor dk = ga.dk + gb.dk, dv = ga.dv + gb.dv;  // each block wrote only its keys
+    expect_close(at::cat({dk.narrow(0, tokens - cut, cut), dk.narrow(0, 0, tokens - cut)}), x.k.grad(), 2e-5,
+                 "dk");
+    expect_close(at::cat({dv.narrow(0, tokens - cut, cut), dv.narrow(0, 0, tokens - cut)}), x.v.grad(), 2e-5,
+                 "dv");
+  }
+}
+
+// Queries in no block get out 0 and lse -inf, and no gradient; blocks are checked.
+TEST(AttentionBlocks, UncoveredQueriesAndBadBlocks) {
+  Inputs x = inputs(20, 2, 2, 8, at::kFloat, 2);
+  const at::NoGradGuard no_grad;
+  for (bool composite : {false, true}) {
+    const std::vector<AttentionBlock> blocks{{4, 6, 0, 20}};
+    AttentionResult r = composite ? composite_attention_forward(x.q, x.k, x.v, blocks)
+                                  : attention_forward(x.q, x.k, x.v, blocks);
+    EXPECT_EQ(r.out.narrow(0, 0, 4).abs().max().item<float>(), 0.0F);
+    EXPECT_TRUE(at::isinf(r.lse.narrow(1, 10, 10)).all().item<bool>());
+    AttentionGrads g = composite ? composite_attention_backward(x.grad, x.q, x.k, x.v, r.out, r.lse, blocks)
+                                 : attention_backward(x.grad, x.q, x.k, x.v, r.out, r.lse, blocks);
+    EXPECT_EQ(g.dq.narrow(0, 10, 10).abs().max().item<float>(), 0.0F);
+  }
+  EXPECT_THROW(attention_forward(x.q, x.k, x.v, {{0, 10, 0, 10}, {5, 5, 10, 10}}),
+               ModelError);  // queries shared
+  EXPECT_THROW(attention_forward(x.q, x.k, x.v, {{0, 5, 0, 10}, {5, 5, 5, 10}}), ModelError);  // keys shared
+  EXPECT_THROW(attention_forward(x.q, x.k, x.v, {{0, 5, 0, 6}}, {/*causal=*/true}),
+               ModelError);                                                      // not square
+  EXPECT_THROW(attention_forward(x.q, x.k, x.v, {{15, 10, 0, 6}}), ModelError);  // outside
+}
+
 }  // namespace
 }  // namespace loom::kernels
