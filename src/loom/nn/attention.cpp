@@ -9,6 +9,8 @@
 
 #include "loom/kernels/attention.h"
 #include "loom/memory/recompute.h"
+#include "loom/parallel/context/ring.h"
+#include "loom/parallel/context/ulysses.h"
 #include "loom/util/errors.h"
 
 namespace loom::nn {
@@ -108,6 +110,16 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
         },
         {q, k, v});
   return composite_segment_attention(q, k, v, cu_seqlens, causal);
+}
+
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const parallel::ContextAttention& plan) {
+  const parallel::ContextParallelGroup& group = plan.group;
+  const at::Tensor qh = parallel::ulysses_to_heads(q, group), kh = parallel::ulysses_kv_to_heads(k, group),
+                   vh = parallel::ulysses_kv_to_heads(v, group);
+  const at::Tensor out = group.ring_size > 1 ? parallel::ring_attention(qh, kh, vh, plan)
+                                             : segment_attention(qh, kh, vh, plan.cu_seqlens, plan.causal);
+  return parallel::ulysses_to_sequence(out, group);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

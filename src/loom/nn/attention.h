@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/nn/fused.h"
+#include "loom/parallel/context/shard.h"
 
 namespace loom::nn {
 
@@ -20,6 +21,12 @@ constexpr int64_t kFlashMinLength = 128;
 // Hq % Hkv == 0 -> (N, Hq, D). Segments of equal length are batched together.
 at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const std::vector<int64_t>& cu_seqlens, bool causal = false);
+
+// Attention over a context-parallel shard's tokens: q (n, Hq, D), k and v (n, Hkv, D) this rank's
+// slots -> (n, Hq, D). The Ulysses exchange gives each rank its ring shard for its share of the
+// heads; over a ring of one rank segment_attention runs on it, over more ring attention.
+at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const parallel::ContextAttention& plan);
 
 // Causal attention with grouped key/value heads.
 // q (B, L, Hq, D), k and v (B, L, Hkv, D), Hq % Hkv == 0 -> (B, L, Hq, D).

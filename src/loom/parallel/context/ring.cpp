@@ -1,0 +1,184 @@
+#include "loom/parallel/context/ring.h"
+
+#include <ATen/core/ivalue.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <chrono>
+#include <memory>
+#include <vector>
+
+#include "loom/kernels/attention.h"
+
+namespace loom::parallel {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+using Clock = std::chrono::steady_clock;
+
+// Each call's messages take tags [base, base + kTagsPerCall): four per step (keys, values and, in
+// the backward pass, their gradients), so rings of up to 32 ranks.
+constexpr int64_t kTagsPerCall = 128;
+constexpr int64_t kCallsCycle = (int64_t{1} << 30) / kTagsPerCall;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+struct RingCall : torch::CustomClassHolder {
+  explicit RingCall(ContextAttention p) : plan(std::move(p)) {}
+  ContextAttention plan;
+  int64_t source(int64_t step) const {
+    const int64_t ring = plan.group.ring_size;
+    return (plan.group.ring_rank - step + ring) % ring;
+  }
+  kernels::AttentionOptions options(int64_t source) const {
+    return {plan.causal && source == plan.group.ring_rank};
+  }
+  const std::vector<kernels::AttentionBlock>& blocks(int64_t source) const {
+    return plan.blocks[static_cast<size_t>(source)];
+  }
+  int64_t next() const { return (plan.group.ring_rank + 1) % plan.group.ring_size; }
+  int64_t previous() const {
+    return (plan.group.ring_rank - 1 + plan.group.ring_size) % plan.group.ring_size;
+  }
+  int64_t tag_base() const {
+    auto& state = *plan.group.ring_state;
+    return (state.calls++ % kCallsCycle) * kTagsPerCall;
+  }
+};
+
+// Messages in flight; wait() adds the time spent blocked to the ring's wait figure.
+class InFlight {
+ public:
+  explicit InFlight(ContextParallelGroup::RingState& state) : state_(state) {}
+  void send(const at::Tensor& t, int64_t peer, int64_t tag, dist::Comm& ring) {
+    works_.push_back(ring.start_send(t, peer, tag));
+    state_.bytes += t.numel() * static_cast<int64_t>(t.element_size());
+  }
+  void receive(const at::Tensor& t, int64_t peer, int64_t tag, dist::Comm& ring) {
+    works_.push_back(ring.start_recv(t, peer, tag));
+  }
+  void wait() {
+    const auto start = Clock::now();
+    for (auto& work : works_) work->wait();
+    works_.clear();
+    state_.wait_s += seconds_since(start);
+  }
+
+ private:
+  ContextParallelGroup::RingState& state_;
+  std::vector<std::unique_ptr<dist::PendingWork>> works_;
+};
+
+// out, lse := the merge of the partial result `part` into them.
+void merge(at::Tensor& out, at::Tensor& lse, kernels::AttentionResult part) {
+  if (!out.defined()) {
+    out = std::move(part.out);
+    lse = std::move(part.lse);
+    return;
+  }
+  const at::Tensor merged = at::logaddexp(lse, part.lse);  // -inf where neither saw a key
+  auto weight = [&](const at::Tensor& l) {
+    return at::exp(l - merged).nan_to_num(0.0).transpose(0, 1).unsqueeze(-1);  // (S, H, 1)
+  };
+  out = out * weight(lse) + part.out * weight(part.lse);
+  lse = merged;
+}
+
+class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunction> {
+ public:
+  static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
+                               const at::Tensor& v, const c10::intrusive_ptr<RingCall>& call) {
+    auto& state = *call->plan.group.ring_state;
+    dist::Comm& ring = *call->plan.group.ring;
+    const int64_t steps = call->plan.group.ring_size, base = call->tag_base();
+    at::Tensor keys = k.contiguous(), values = v.contiguous(), out, lse;
+    for (int64_t step = 0; step < steps; ++step) {
+      InFlight messages(state);
+      at::Tensor next_keys, next_values;
+      if (step + 1 < steps) {
+        next_keys = at::empty_like(keys);
+        next_values = at::empty_like(values);
+        messages.receive(next_keys, call->previous(), base + 4 * step, ring);
+        messages.receive(next_values, call->previous(), base + 4 * step + 1, ring);
+        messages.send(keys, call->next(), base + 4 * step, ring);
+        messages.send(values, call->next(), base + 4 * step + 1, ring);
+      }
+      const auto start = Clock::now();
+      const int64_t source = call->source(step);
+      merge(out, lse,
+            kernels::attention_forward(q, keys, values, call->blocks(source), call->options(source)));
+      state.compute_s += seconds_since(start);
+      messages.wait();
+      keys = next_keys;
+      values = next_values;
+    }
+    ctx->saved_data["call"] = c10::IValue::make_capsule(call);
+    ctx->save_for_backward({q, k, v, out, lse});
+    return {out.to(q.scalar_type())};
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const auto holder = ctx->saved_data["call"].toCapsule();
+    const auto& call = *static_cast<RingCall*>(holder.get());
+    const auto saved = ctx->get_saved_variables();
+    const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
+    auto& state = *call.plan.group.ring_state;
+    dist::Comm& ring = *call.plan.group.ring;
+    const int64_t steps = call.plan.group.ring_size, base = call.tag_base();
+    const at::Tensor dout = grads[0].to(at::kFloat).contiguous();
+    at::Tensor dq = at::zeros(q.sizes(), q.options().dtype(at::kFloat));
+    at::Tensor keys = k.contiguous(), values = v.contiguous();
+    // The gradients of the block held now travel one hop behind it: each rank adds its share and
+    // passes them on; after the last step they reach the block's owner.
+    at::Tensor incoming_dk, incoming_dv;
+    InFlight gradient_receives(state), gradient_sends(state);
+    for (int64_t step = 0; step < steps; ++step) {
+      InFlight messages(state);
+      at::Tensor next_keys, next_values;
+      if (step + 1 < steps) {
+        next_keys = at::empty_like(keys);
+        next_values = at::empty_like(values);
+        messages.receive(next_keys, call.previous(), base + 4 * step, ring);
+        messages.receive(next_values, call.previous(), base + 4 * step + 1, ring);
+        messages.send(keys, call.next(), base + 4 * step, ring);
+        messages.send(values, call.next(), base + 4 * step + 1, ring);
+      }
+      const auto start = Clock::now();
+      const int64_t source = call.source(step);
+      kernels::AttentionGrads g = kernels::attention_backward(dout, q, keys, values, out, lse,
+                                                              call.blocks(source), call.options(source));
+      dq += g.dq;
+      state.compute_s += seconds_since(start);
+      if (step > 0) {
+        gradient_receives.wait();
+        g.dk += incoming_dk;
+        g.dv += incoming_dv;
+      }
+      gradient_sends.wait();  // the previous step's, whose buffers are about to go
+      incoming_dk = at::empty_like(g.dk);
+      incoming_dv = at::empty_like(g.dv);
+      gradient_receives.receive(incoming_dk, call.previous(), base + 4 * step + 2, ring);
+      gradient_receives.receive(incoming_dv, call.previous(), base + 4 * step + 3, ring);
+      gradient_sends.send(g.dk, call.next(), base + 4 * step + 2, ring);
+      gradient_sends.send(g.dv, call.next(), base + 4 * step + 3, ring);
+      messages.wait();
+      keys = next_keys;
+      values = next_values;
+    }
+    gradient_receives.wait();  // this rank's own block's, complete
+    gradient_sends.wait();
+    return {dq.to(q.scalar_type()), incoming_dk.to(k.scalar_type()), incoming_dv.to(v.scalar_type()),
+            at::Tensor()};
+  }
+};
+
+}  // namespace
+
+at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                          const ContextAttention& plan) {
+  return RingAttentionFunction::apply(q, k, v, c10::make_intrusive<RingCall>(plan))[0];
+}
+
+}  // namespace loom::parallel
