@@ -25,29 +25,6 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
-struct RingCall : torch::CustomClassHolder {
-  explicit RingCall(ContextAttention p) : plan(std::move(p)) {}
-  ContextAttention plan;
-  int64_t source(int64_t step) const {
-    const int64_t ring = plan.group.ring_size;
-    return (plan.group.ring_rank - step + ring) % ring;
-  }
-  kernels::AttentionOptions options(int64_t source) const {
-    return {plan.causal && source == plan.group.ring_rank};
-  }
-  const std::vector<kernels::AttentionBlock>& blocks(int64_t source) const {
-    return plan.blocks[static_cast<size_t>(source)];
-  }
-  int64_t next() const { return (plan.group.ring_rank + 1) % plan.group.ring_size; }
-  int64_t previous() const {
-    return (plan.group.ring_rank - 1 + plan.group.ring_size) % plan.group.ring_size;
-  }
-  int64_t tag_base() const {
-    auto& state = *plan.group.ring_state;
-    return (state.calls++ % kCallsCycle) * kTagsPerCall;
-  }
-};
-
 // Messages in flight; wait() adds the time spent blocked to the ring's wait figure.
 class InFlight {
  public:
@@ -71,6 +48,43 @@ class InFlight {
   std::vector<std::unique_ptr<dist::PendingWork>> works_;
 };
 
+struct RingCall : torch::CustomClassHolder {
+  explicit RingCall(ContextAttention p) : plan(std::move(p)) {}
+  ContextAttention plan;
+  int64_t source(int64_t step) const {
+    const int64_t ring = plan.group.ring_size;
+    return (plan.group.ring_rank - step + ring) % ring;
+  }
+  kernels::AttentionOptions options(int64_t source) const {
+    return {plan.causal && source == plan.group.ring_rank};
+  }
+  const std::vector<kernels::AttentionBlock>& blocks(int64_t source) const {
+    return plan.blocks[static_cast<size_t>(source)];
+  }
+  int64_t next() const { return (plan.group.ring_rank + 1) % plan.group.ring_size; }
+  int64_t previous() const {
+    return (plan.group.ring_rank - 1 + plan.group.ring_size) % plan.group.ring_size;
+  }
+  // Starts passing this step's keys and values on to the next rank, and receiving the next step's
+  // from the previous one (none after the last step); returns the receive buffers.
+  std::pair<at::Tensor, at::Tensor> pass_on(InFlight& messages, const at::Tensor& keys,
+                                            const at::Tensor& values, int64_t step, int64_t steps,
+                                            int64_t base) const {
+    if (step + 1 == steps) return {};
+    dist::Comm& ring = *plan.group.ring;
+    at::Tensor next_keys = at::empty_like(keys), next_values = at::empty_like(values);
+    messages.receive(next_keys, previous(), base + 4 * step, ring);
+    messages.receive(next_values, previous(), base + 4 * step + 1, ring);
+    messages.send(keys, next(), base + 4 * step, ring);
+    messages.send(values, next(), base + 4 * step + 1, ring);
+    return {next_keys, next_values};
+  }
+  int64_t tag_base() const {
+    auto& state = *plan.group.ring_state;
+    return (state.calls++ % kCallsCycle) * kTagsPerCall;
+  }
+};
+
 // out, lse := the merge of the partial result `part` into them.
 void merge(at::Tensor& out, at::Tensor& lse, kernels::AttentionResult part) {
   if (!out.defined()) {
@@ -91,20 +105,11 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const c10::intrusive_ptr<RingCall>& call) {
     auto& state = *call->plan.group.ring_state;
-    dist::Comm& ring = *call->plan.group.ring;
     const int64_t steps = call->plan.group.ring_size, base = call->tag_base();
     at::Tensor keys = k.contiguous(), values = v.contiguous(), out, lse;
     for (int64_t step = 0; step < steps; ++step) {
       InFlight messages(state);
-      at::Tensor next_keys, next_values;
-      if (step + 1 < steps) {
-        next_keys = at::empty_like(keys);
-        next_values = at::empty_like(values);
-        messages.receive(next_keys, call->previous(), base + 4 * step, ring);
-        messages.receive(next_values, call->previous(), base + 4 * step + 1, ring);
-        messages.send(keys, call->next(), base + 4 * step, ring);
-        messages.send(values, call->next(), base + 4 * step + 1, ring);
-      }
+      auto [next_keys, next_values] = call->pass_on(messages, keys, values, step, steps, base);
       const auto start = Clock::now();
       const int64_t source = call->source(step);
       merge(out, lse,
@@ -136,15 +141,7 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     InFlight gradient_receives(state), gradient_sends(state);
     for (int64_t step = 0; step < steps; ++step) {
       InFlight messages(state);
-      at::Tensor next_keys, next_values;
-      if (step + 1 < steps) {
-        next_keys = at::empty_like(keys);
-        next_values = at::empty_like(values);
-        messages.receive(next_keys, call.previous(), base + 4 * step, ring);
-        messages.receive(next_values, call.previous(), base + 4 * step + 1, ring);
-        messages.send(keys, call.next(), base + 4 * step, ring);
-        messages.send(values, call.next(), base + 4 * step + 1, ring);
-      }
+      auto [next_keys, next_values] = call.pass_on(messages, keys, values, step, steps, base);
       const auto start = Clock::now();
       const int64_t source = call.source(step);
       kernels::AttentionGrads g = kernels::attention_backward(dout, q, keys, values, out, lse,
