@@ -185,6 +185,10 @@ struct ParallelSection {
   int64_t virtual_stages = 1;              // model chunks per pipeline rank (interleaved 1F1B when > 1)
   std::string pipeline_schedule = "1f1b";  // 1f1b | gpipe
   int64_t dp = 0;                          // >= 1, or 0 for `auto` (world_size / (tp*cp*pp))
+  // Context parallelism: the cp ranks form Ulysses groups of cp_ulysses consecutive ranks (an
+  // all-to-all trades tokens for heads) and rings across them (ring attention): 1 is a ring of cp
+  // ranks, cp is Ulysses alone, between is their hybrid.
+  int64_t cp_ulysses = 1;
   bool sequence_parallel = false;
   int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
   int64_t zero = 0;         // 0, 1 or 3
@@ -209,6 +213,7 @@ struct ParallelSection {
     k("virtual_stages", &S::virtual_stages, at_least(1), at_most(int64_t{1024}));
     k("pipeline_schedule", &S::pipeline_schedule, one_of({"1f1b", "gpipe"}));
     k("cp", &S::cp, at_least(1));
+    k("cp_ulysses", &S::cp_ulysses, at_least(1));
     k("ep", &S::ep, at_least(1));
     k("dp", &S::dp, integer_or_auto());
     k("sequence_parallel", &S::sequence_parallel);

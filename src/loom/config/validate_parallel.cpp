@@ -63,6 +63,27 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
                      dims.vocab_size, join_numbers(valid_tp)));
   if (p.sequence_parallel && p.tp == 1)
     fail("parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the sequence across tp ranks)");
+  if (p.cp % p.cp_ulysses != 0)
+    fail(
+        fmt::format("parallel.cp_ulysses={} does not divide parallel.cp={} (the cp ranks form Ulysses groups "
+                    "of cp_ulysses ranks and rings across them: 1 for a ring, cp for Ulysses alone)",
+                    p.cp_ulysses, p.cp));
+  if (p.cp_ulysses > 1) {
+    // Each Ulysses rank attends with an equal share of every tensor-parallel rank's heads; key/value
+    // heads fewer than the degree are repeated, so they must divide it then.
+    const int64_t u = p.cp_ulysses, heads = dims.llm_heads / p.tp, vision = dims.vision_heads / vision_tp;
+    const int64_t kv = dims.llm_kv_heads % p.tp == 0 ? dims.llm_kv_heads / p.tp : 1;
+    if (heads % u != 0 || vision % u != 0 || (kv % u != 0 && u % kv != 0))
+      fail(
+          fmt::format("parallel.cp_ulysses={} does not split the attention heads per tensor-parallel rank "
+                      "(llm {}, its key/value heads {}, vision {}) evenly over the Ulysses ranks",
+                      u, heads, kv, vision));
+  }
+  if (p.cp > 1 && p.pp > 1)
+    fail(fmt::format(
+        "parallel.cp={} with parallel.pp={}: context parallelism under pipeline parallelism is not "
+        "available in this version of Loom",
+        p.cp, p.pp));
   const int64_t blocks = dims.blocks > 0 ? dims.blocks : dims.llm_layers;
   if (p.pp * p.virtual_stages > blocks)
     fail(
@@ -109,7 +130,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
 
   // The layout is sound; now refuse what this build cannot run rather than ignore it.
   const char* kUnavailable = "is not available in this version of Loom";
-  if (p.cp > 1) fail(fmt::format("parallel.cp={}: context parallelism {}", p.cp, kUnavailable));
   if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
 }
 

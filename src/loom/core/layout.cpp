@@ -6,6 +6,7 @@ Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   Layout layout;
   const int64_t size = world ? world->size() : 1;
   layout.data_parallel = config::data_parallel_size(job.parallel, size);
+  layout.context_parallel = job.parallel.cp;
   if (!world) return layout;
   const auto& p = job.parallel;
   layout.world = std::move(world);
@@ -14,6 +15,7 @@ Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   layout.data = layout.groups->group({dist::Axis::dp, dist::Axis::cp});
   if (p.tp > 1) layout.tp = layout.groups->group({dist::Axis::tp});
   if (p.pp > 1) layout.pipeline = layout.groups->group({dist::Axis::pp});
+  if (p.cp > 1) layout.cp = layout.groups->group({dist::Axis::cp});
   return layout;
 }
 

@@ -1,7 +1,8 @@
 // The process groups a job's model, task and plan are built over, from the job's parallel section
-// and the world of processes: data parallelism (x context parallelism) sums gradients and shares
-// out the data; tensor parallelism splits layers; pipeline parallelism cuts the layer list into
-// stages (every rank of a pipeline reads the same data).
+// and the world of processes: data parallelism (x context parallelism) sums gradients; data
+// parallelism shares out the data, context parallelism each sample's tokens; tensor parallelism splits
+// layers; pipeline parallelism cuts the layer list into stages (every rank of a pipeline reads the same
+// data).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -18,10 +19,19 @@ struct Layout {
   std::shared_ptr<dist::Comm> data;             // with world: dp x cp
   std::shared_ptr<dist::Comm> tp;               // with world and tp > 1
   std::shared_ptr<dist::Comm> pipeline;         // with world and pp > 1
+  std::shared_ptr<dist::Comm> cp;               // with world and cp > 1
   int64_t data_parallel = 1;                    // dp
+  int64_t context_parallel = 1;                 // cp
 
   bool is_main() const { return !world || world->rank() == 0; }
+  // This rank's place in `data` (dp x cp), for work dealt to every rank alike (evaluation).
   int64_t data_rank() const { return data ? data->rank() : 0; }
+  // The training data's share this rank reads, of data_parallel: the ranks of a cp group read the
+  // same samples and split their tokens.
+  int64_t data_shard() const { return data_rank() / context_parallel; }
+  // Whether this rank counts what a step's data holds (samples, tokens, the loss's count): one rank
+  // of each cp group, the others holding parts of the same samples.
+  bool counts_data() const { return !cp || cp->rank() == 0; }
 };
 
 // Forms the job's groups over `world` (null: one process); ConfigError when the layout does not

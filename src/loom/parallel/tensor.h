@@ -11,6 +11,7 @@
 #include <string>
 
 #include "loom/dist/comm.h"
+#include "loom/parallel/context/shard.h"
 
 namespace loom::parallel {
 
@@ -36,6 +37,7 @@ struct ParamOptions {
   at::ScalarType dtype = at::kFloat;
   bool shapes_only = false;
   TensorParallelGroup tp;
+  ContextParallelGroup cp;  // what a model's training pass splits each sample's tokens over
   at::TensorOptions tensor_options() const;
 };
 

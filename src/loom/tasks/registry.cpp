@@ -39,6 +39,7 @@ BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm>
   parallel::ParamOptions options;
   options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   options.tp = {layout.tp, job.parallel.sequence_parallel};
+  options.cp = parallel::context_parallel_group(layout.cp, job.parallel.cp_ulysses);
   std::optional<parallel::TensorParallelGroup> vision_tp;
   if (job.parallel.vision_tp == 1) vision_tp = parallel::TensorParallelGroup{};
   auto model = models::build_model(config, options, vision_tp);

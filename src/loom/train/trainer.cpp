@@ -182,7 +182,10 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   // The loss is the task's sum over the whole global batch divided by its count (target tokens),
   // known before the first backward, so the gradient does not depend on how the batch is split
   // into micro-batches or over data-parallel ranks.
-  const auto [passes, count] = sync.passes_and_total(step.micro_batches.size(), step.loss_count);
+  // The ranks of a cp group hold parts of the same samples: one of them counts them.
+  const double samples_counted = parts_.layout.counts_data() ? 1.0 : 0.0;
+  const auto [passes, count] =
+      sync.passes_and_total(step.micro_batches.size(), samples_counted * step.loss_count);
   if (count == 0)
     throw DataError(fmt::format("a training step has no {} to learn from", parts_.task->loss_count_name()));
   const double scale = 1.0 / count;
@@ -207,7 +210,8 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   const auto& pipeline = parts_.layout.pipeline;
   const double counted = !pipeline || pipeline->rank() + 1 == pipeline->size() ? 1.0 : 0.0;
   const auto totals = sum_over_ranks(
-      {r.loss_sum, static_cast<double>(r.tokens), static_cast<double>(r.samples), r.flops,
+      {r.loss_sum, samples_counted * static_cast<double>(r.tokens),
+       samples_counted * static_cast<double>(r.samples), samples_counted * r.flops,
        counted * static_cast<double>(step.truncated), counted * static_cast<double>(step.dropped),
        counted * static_cast<double>(step.skipped)});
   stats.loss = totals[0] * scale;

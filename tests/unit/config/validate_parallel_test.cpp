@@ -156,10 +156,33 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
       validate_parallel(job({"parallel.pp=2", "parallel.zero=1", "training.micro_batch_size=4"}), kTiny, 4));
   EXPECT_NO_THROW(
       validate_parallel(job({"parallel.pp=2", "parallel.zero=3", "training.micro_batch_size=4"}), kTiny, 4));
-  EXPECT_EQ(error_of(job({"parallel.cp=2"}), kTiny, 2),
-            "job.yaml: parallel.cp=2: context parallelism is not available in this version of Loom");
+  EXPECT_EQ(
+      error_of(job({"parallel.cp=2", "parallel.pp=2"}), kTiny, 4),
+      "job.yaml: parallel.cp=2 with parallel.pp=2: context parallelism under pipeline parallelism is not "
+      "available in this version of Loom");
   EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),
             "job.yaml: parallel.ep=2: expert parallelism is not available in this version of Loom");
+}
+
+// Context parallelism: any cp that divides the world; Ulysses groups that divide cp and split the
+// heads per tensor-parallel rank (key/value heads fewer than the degree dividing it).
+TEST(ValidateParallel, ContextParallelDegrees) {
+  const ModelDims dims{8, 2, 4, 256, 2};  // llm 8 heads, 2 kv heads, vision 4 heads
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=4"}), dims, 4));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=4", "parallel.cp_ulysses=4"}), dims, 4));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=4", "parallel.cp_ulysses=2"}), dims, 8));
+  EXPECT_NO_THROW(
+      validate_parallel(job({"parallel.cp=2", "parallel.cp_ulysses=2", "parallel.tp=2"}), dims, 4));
+  EXPECT_EQ(
+      error_of(job({"parallel.cp=4", "parallel.cp_ulysses=3"}), dims, 4),
+      "job.yaml: parallel.cp_ulysses=3 does not divide parallel.cp=4 (the cp ranks form Ulysses groups of "
+      "cp_ulysses ranks and rings across them: 1 for a ring, cp for Ulysses alone)");
+  EXPECT_EQ(
+      error_of(job({"parallel.cp=8", "parallel.cp_ulysses=8"}), dims, 8),
+      "job.yaml: parallel.cp_ulysses=8 does not split the attention heads per tensor-parallel rank (llm 8, "
+      "its key/value heads 2, vision 4) evenly over the Ulysses ranks");
+  EXPECT_EQ(error_of(job({"parallel.cp=3"}), dims, 4),
+            "job.yaml: parallel.dp=auto: world size 4 is not divisible by tp*cp*pp = 1*3*1 = 3");
 }
 
 TEST(ValidateParallel, BadInputs) {

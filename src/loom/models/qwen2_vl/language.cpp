@@ -51,7 +51,7 @@ TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& 
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                   const std::vector<int64_t>& cu_seqlens, const CachedPass* cached,
-                                  size_t layer) const {
+                                  size_t layer, const parallel::ContextAttention* context_parallel) const {
   const auto whole = q_proj->group().enter(x, kSequenceDim);  // shared by q, k and v
   const int64_t b = whole.size(0), l = whole.size(1);
   auto q = nn::apply_rotary(q_proj->forward(whole).view({b, l, num_heads, head_dim}), cos, sin);
@@ -70,6 +70,11 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
     keys = keys.defined() ? at::cat({keys, kept_k}, 1) : kept_k;
     values = values.defined() ? at::cat({values, kept_v}, 1) : kept_v;
     out = nn::masked_attention(q, keys, values, cached->allowed);
+  } else if (context_parallel) {
+    if (b != 1)
+      throw ModelError(
+          fmt::format("context parallelism shards the tokens into one row, got a batch of {}", b));
+    out = nn::context_attention(q[0], k[0], v[0], *context_parallel).unsqueeze(0);
   } else if (cu_seqlens.empty()) {
     out = nn::causal_attention(q, k, v);
   } else {
@@ -105,8 +110,9 @@ DecoderLayer::DecoderLayer(const TextConfig& c, const parallel::ParamOptions& op
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const std::vector<int64_t>& cu_seqlens, const CachedPass* cached,
-                                 size_t layer) const {
-  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cu_seqlens, cached, layer);
+                                 size_t layer, const parallel::ContextAttention* context_parallel) const {
+  auto h = x + self_attn->forward(input_layernorm->forward(x), cos, sin, cu_seqlens, cached, layer,
+                                  context_parallel);
   return h + mlp->forward(post_attention_layernorm->forward(h));
 }
 

@@ -36,10 +36,11 @@ class TextAttention : public torch::nn::Module {
   TextAttention(const TextConfig& config, const parallel::ParamOptions& options);
   // x (B, L, hidden), cos/sin (B, L, 1, head_dim) -> (B, L, hidden). Causal over each row, or,
   // with cu_seqlens, over each packed sample [cu[i], cu[i+1]) of a single row (B = 1), or, with a
-  // cached pass, over the cache as layer `layer` of the model.
+  // cached pass, over the cache as layer `layer` of the model, or, under context parallelism (x this
+  // rank's shard of the tokens, one row), as `context_parallel` says.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<int64_t>& cu_seqlens = {}, const CachedPass* cached = nullptr,
-                     size_t layer = 0) const;
+                     size_t layer = 0, const parallel::ContextAttention* context_parallel = nullptr) const;
   std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<parallel::RowParallelLinear> o_proj;
   int64_t num_heads, num_kv_heads, head_dim;
@@ -58,7 +59,7 @@ class DecoderLayer : public torch::nn::Module {
   DecoderLayer(const TextConfig& config, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<int64_t>& cu_seqlens = {}, const CachedPass* cached = nullptr,
-                     size_t layer = 0) const;
+                     size_t layer = 0, const parallel::ContextAttention* context_parallel = nullptr) const;
   std::shared_ptr<nn::RMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<TextAttention> self_attn;
   std::shared_ptr<TextMlp> mlp;

@@ -57,6 +57,7 @@ class PatchEmbedLayer : public VisionLayer {
     const auto& c = qwen2vl(context);
     at::Tensor hidden = embed_->forward(c.pixel_values);  // (patches, width)
     if (c.unit_order.defined()) hidden = by_unit(hidden, unit_, c.unit_order);
+    if (c.vision_shard.enabled()) hidden = c.vision_shard.scatter(hidden);
     carry.set("vision_hidden", parallel::scatter_sequence(tp_, kPatchDim, hidden, c.vision_chunks));
     return carry;
   }
@@ -80,7 +81,11 @@ class VisionBlockLayer : public VisionLayer {
     // Full attention after window reordering: frames stay contiguous because windows never cross
     // frames and are emitted frame by frame.
     const auto& cu = full_attention_ ? c.frame_cu : c.window_cu;
-    carry.set("vision_hidden", block_->forward(carry.get("vision_hidden"), cu, c.vision_cos, c.vision_sin));
+    const parallel::ContextAttention* context_parallel = nullptr;
+    if (c.vision_shard.enabled())
+      context_parallel = full_attention_ ? &c.frame_attention : &c.window_attention;
+    carry.set("vision_hidden",
+              block_->forward(carry.get("vision_hidden"), cu, c.vision_cos, c.vision_sin, context_parallel));
     return carry;
   }
 
@@ -98,6 +103,7 @@ class MergerLayer : public VisionLayer {
     const auto& c = qwen2vl(context);
     // The merger runs on whole sequences: sequence parallelism ends before it.
     auto hidden = parallel::gather_sequence(tp_, kPatchDim, carry.take("vision_hidden"), c.vision_chunks);
+    if (c.vision_shard.enabled()) hidden = c.vision_shard.gather(hidden);
     auto merged = merger_->forward(hidden);  // (patches/4, out_width)
     if (c.unit_restore.defined()) merged = merged.index_select(0, c.unit_restore);
     carry.set("image_embeds", merged);
@@ -128,6 +134,7 @@ class EmbedLayer : public TextLayer {
                                      c.image_tokens, image_embeds.size(0)));
       embeds = embeds.masked_scatter(c.image_mask, image_embeds);
     }
+    if (c.text_shard.enabled()) embeds = c.text_shard.scatter(embeds.flatten(0, 1)).unsqueeze(0);
     carry.set("hidden", parallel::scatter_sequence(tp_, kTokenDim, embeds, c.text_chunks));
     return carry;
   }
@@ -147,7 +154,9 @@ class DecoderBlockLayer : public TextLayer {
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const auto& c = qwen2vl(context);
     const CachedPass* cached = c.cached.cache ? &c.cached : nullptr;
-    carry.set("hidden", block_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, cached, index_));
+    const parallel::ContextAttention* context_parallel = c.text_shard.enabled() ? &c.text_attention : nullptr;
+    carry.set("hidden", block_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, cached, index_,
+                                        context_parallel));
     return carry;
   }
 
@@ -164,7 +173,7 @@ class FinalNormLayer : public TextLayer {
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const auto& c = qwen2vl(context);
     // The final norm runs on whole sequences: sequence parallelism ends before it, and the
-    // padding is cut off.
+    // padding is cut off (context parallelism's shard stays: the loss is taken on it).
     carry.set("hidden",
               norm_->forward(parallel::gather_sequence(tp_, kTokenDim, carry.take("hidden"), c.text_chunks)));
     return carry;
@@ -175,8 +184,17 @@ class FinalNormLayer : public TextLayer {
   parallel::TensorParallelGroup tp_;
 };
 
+// The rows a sequence-parallel rank's layers see: whole, or, with sequence parallelism, a multiple of tp.
+int64_t aligned_to(const parallel::TensorParallelGroup& tp) { return tp.sequence_parallel ? tp.size() : 1; }
+
+std::vector<int64_t> segment_lengths(const std::vector<int64_t>& cu) {
+  std::vector<int64_t> lengths;
+  for (size_t i = 0; i + 1 < cu.size(); ++i) lengths.push_back(cu[i + 1] - cu[i]);
+  return lengths;
+}
+
 void add_vision_context(Qwen2VLContext& c, const VisionLanguageInputs& in, const VisionConfig& config,
-                        const parallel::TensorParallelGroup& tp) {
+                        const parallel::TensorParallelGroup& tp, const parallel::ContextParallelGroup* cp) {
   c.pixel_values = in.pixel_values;
   const int64_t n = in.pixel_values.size(0);
   auto positions = nn::vision_patch_positions(in.image_grid_thw, config.spatial_merge_size);
@@ -195,13 +213,25 @@ void add_vision_context(Qwen2VLContext& c, const VisionLanguageInputs& in, const
   }
   c.vision_cos = angles.cos().unsqueeze(1);  // (N, 1, D)
   c.vision_sin = angles.sin().unsqueeze(1);
-  c.vision_chunks = parallel::sequence_chunks(tp, n);
+  int64_t rows = n;
+  if (cp && cp->enabled()) {
+    // Each frame's rows (in window order: windows never cross frames) split over the cp ranks.
+    c.vision_shard =
+        parallel::context_shard(*cp, segment_lengths(c.frame_cu), /*causal=*/false, aligned_to(tp));
+    c.frame_attention = parallel::context_attention_plan(c.vision_shard, c.frame_cu);
+    if (!c.window_cu.empty())
+      c.window_attention = parallel::context_attention_plan(c.vision_shard, c.window_cu);
+    c.vision_cos = c.vision_shard.scatter(c.vision_cos);
+    c.vision_sin = c.vision_shard.scatter(c.vision_sin);
+    rows = c.vision_shard.local_length;
+  }
+  c.vision_chunks = parallel::sequence_chunks(tp, rows);
   parallel::pad_sequence_tables(c.vision_chunks, kPatchDim, c.vision_cos, c.vision_sin,
                                 {&c.frame_cu, &c.window_cu});
 }
 
 void add_text_context(Qwen2VLContext& c, const VisionLanguageInputs& in, const Qwen2VLConfig& config,
-                      const parallel::TensorParallelGroup& tp) {
+                      const parallel::TensorParallelGroup& tp, const parallel::ContextParallelGroup* cp) {
   c.input_ids = in.input_ids;
   const auto is_image = in.input_ids == config.tokens.image;
   c.image_mask = is_image.unsqueeze(-1);
@@ -215,9 +245,21 @@ void add_text_context(Qwen2VLContext& c, const VisionLanguageInputs& in, const Q
   c.cos = angles.cos().unsqueeze(2);                                                       // (B, L, 1, D)
   c.sin = angles.sin().unsqueeze(2);
   c.cu_seqlens = in.cu_seqlens;
+  int64_t tokens = in.input_ids.size(kTokenDim);
+  if (cp && cp->enabled()) {
+    // Every packed sample (or row) causal on its own, its tokens split over the cp ranks.
+    std::vector<int64_t> cu = in.cu_seqlens;
+    if (cu.empty())
+      for (int64_t row = 0; row <= in.input_ids.size(0); ++row) cu.push_back(row * tokens);
+    c.text_shard = parallel::context_shard(*cp, segment_lengths(cu), /*causal=*/true, aligned_to(tp));
+    c.text_attention = parallel::context_attention_plan(c.text_shard, cu);
+    c.cos = c.text_shard.scatter(c.cos.flatten(0, 1)).unsqueeze(0);  // (1, local tokens, 1, D)
+    c.sin = c.text_shard.scatter(c.sin.flatten(0, 1)).unsqueeze(0);
+    tokens = c.text_shard.local_length;
+  }
   // Sequence parallelism: the padding of a length tp does not divide is a segment of its own
   // (packed rows) or after every real token (causal rows).
-  c.text_chunks = parallel::sequence_chunks(tp, in.input_ids.size(kTokenDim));
+  c.text_chunks = parallel::sequence_chunks(tp, tokens);
   parallel::pad_sequence_tables(c.text_chunks, kTokenDim, c.cos, c.sin, {&c.cu_seqlens});
 }
 
@@ -248,12 +290,15 @@ std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
                                                       const parallel::TensorParallelGroup& text_tp,
-                                                      KVCache* cache) {
+                                                      KVCache* cache,
+                                                      const parallel::ContextParallelGroup* cp) {
+  if (cache && cp && cp->enabled())
+    throw ModelError("decoding with a key/value cache runs without context parallelism");
   auto context = std::make_shared<Qwen2VLContext>();
   if (inputs.pixel_values.defined() && inputs.pixel_values.size(0) > 0)
-    add_vision_context(*context, inputs, config.vision, vision_tp);
+    add_vision_context(*context, inputs, config.vision, vision_tp, cp);
   if (inputs.input_ids.defined()) {
-    add_text_context(*context, inputs, config, text_tp);
+    add_text_context(*context, inputs, config, text_tp, cp);
     if (cache) add_cached_pass(*context, inputs, *cache);
   }
   return context;

@@ -35,6 +35,10 @@ struct Qwen2VLContext : core::Context {
   std::vector<int64_t> frame_cu, window_cu;  // attention segments: per frame, per window
   at::Tensor unit_order, unit_restore;       // Qwen2.5-VL: merge units into window order and back
   parallel::SequenceChunks vision_chunks;
+  // Context parallelism (vision_shard.enabled()): this rank's rows, in frames, and how the full and
+  // the window attention run over them.
+  parallel::ContextShard vision_shard;
+  parallel::ContextAttention frame_attention, window_attention;
   // Language model (input_ids undefined: only the vision tower runs).
   at::Tensor input_ids;   // (B, L)
   at::Tensor image_mask;  // (B, L, 1): the image tokens
@@ -42,6 +46,10 @@ struct Qwen2VLContext : core::Context {
   at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
   std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
   parallel::SequenceChunks text_chunks;
+  // Context parallelism (text_shard.enabled()): this rank's tokens of every row as one row, causal
+  // within each sample (or row).
+  parallel::ContextShard text_shard;
+  parallel::ContextAttention text_attention;
   // Decoding: cached.cache set, the language layers read and extend it (so a context with a cache
   // is run once: a second run would append its tokens again).
   CachedPass cached;
@@ -54,12 +62,15 @@ struct Qwen2VLContext : core::Context {
 // segments, window index and sequence-parallel padding of the vision tower and the LLM. With a
 // cache (decoding; one sample per row, no packing), the input ids are the tokens after those cached
 // and their attention mask is added to the cache's now: each new token sees the real tokens before
-// it and itself (a padding token only itself).
+// it and itself (a padding token only itself). With a context-parallel group of more than one rank
+// (and no cache), the vision rows and the text tokens are sharded over it: the rotary tables are
+// this rank's, and the attention runs as the shards' plans say.
 std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
                                                       const parallel::TensorParallelGroup& text_tp,
-                                                      KVCache* cache = nullptr);
+                                                      KVCache* cache = nullptr,
+                                                      const parallel::ContextParallelGroup* cp = nullptr);
 
 // The layers of a built model, in forward order.
 core::Layers qwen2vl_layers(const std::shared_ptr<VisionTransformer>& visual,

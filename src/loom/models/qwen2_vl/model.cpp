@@ -100,7 +100,7 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
 Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
     const Qwen2VLConfig& c, const parallel::ParamOptions& options,
     const std::optional<parallel::TensorParallelGroup>& vision_tp)
-    : config(c) {
+    : config(c), context_parallel(options.cp) {
   parallel::ParamOptions vision_options = options;
   if (vision_tp) vision_options.tp = *vision_tp;
   visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, vision_options));
@@ -117,6 +117,11 @@ Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
 std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
     const VisionLanguageInputs& inputs, KVCache* cache) const {
   return qwen2vl_context(inputs, config, visual->tp, model->tp, cache);
+}
+
+std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::sharded_context(
+    const VisionLanguageInputs& inputs) const {
+  return qwen2vl_context(inputs, config, visual->tp, model->tp, nullptr, &context_parallel);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,

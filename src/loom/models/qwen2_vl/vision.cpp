@@ -58,14 +58,16 @@ VisionAttention::VisionAttention(const VisionConfig& c, const parallel::ParamOpt
 }
 
 at::Tensor VisionAttention::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
-                                    const at::Tensor& cos, const at::Tensor& sin) const {
+                                    const at::Tensor& cos, const at::Tensor& sin,
+                                    const parallel::ContextAttention* context_parallel) const {
   const auto whole = qkv->group().enter(x, kSequenceDim);
   const int64_t n = whole.size(0);
   auto qkv_out = qkv->forward(whole).view({n, 3, num_heads, -1});  // (N, 3, H, D), laid out [q|k|v]
   auto q = nn::apply_rotary(qkv_out.select(1, 0), cos, sin);       // (N, H, D)
   auto k = nn::apply_rotary(qkv_out.select(1, 1), cos, sin);
   auto v = qkv_out.select(1, 2);
-  auto out = nn::segment_attention(q, k, v, cu_seqlens);  // (N, H, D)
+  auto out = context_parallel ? nn::context_attention(q, k, v, *context_parallel)
+                              : nn::segment_attention(q, k, v, cu_seqlens);  // (N, H, D)
   return proj->forward(out.reshape({n, -1}), kSequenceDim);
 }
 
@@ -107,8 +109,9 @@ at::Tensor VisionBlock::norm(const torch::nn::Module& n, const at::Tensor& x) co
 }
 
 at::Tensor VisionBlock::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
-                                const at::Tensor& cos, const at::Tensor& sin) const {
-  auto h = x + attn->forward(norm(*norm1, x), cu_seqlens, cos, sin);
+                                const at::Tensor& cos, const at::Tensor& sin,
+                                const parallel::ContextAttention* context_parallel) const {
+  auto h = x + attn->forward(norm(*norm1, x), cu_seqlens, cos, sin, context_parallel);
   return h + mlp->forward(norm(*norm2, h));
 }
 

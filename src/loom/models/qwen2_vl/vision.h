@@ -26,9 +26,11 @@ class PatchEmbed : public torch::nn::Module {
 class VisionAttention : public torch::nn::Module {
  public:
   VisionAttention(const VisionConfig& config, const parallel::ParamOptions& options);
-  // x (N, width), cos/sin (N, head_dim) -> (N, width)
+  // x (N, width), cos/sin (N, head_dim) -> (N, width); attending within cu_seqlens' segments, or,
+  // under context parallelism (x this rank's shard of the rows), as `context_parallel` says.
   at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
-                     const at::Tensor& sin) const;
+                     const at::Tensor& sin,
+                     const parallel::ContextAttention* context_parallel = nullptr) const;
   std::shared_ptr<parallel::ColumnParallelLinear> qkv;
   std::shared_ptr<parallel::RowParallelLinear> proj;
   int64_t num_heads;
@@ -47,7 +49,8 @@ class VisionBlock : public torch::nn::Module {
  public:
   VisionBlock(const VisionConfig& config, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, const at::Tensor& cos,
-                     const at::Tensor& sin) const;
+                     const at::Tensor& sin,
+                     const parallel::ContextAttention* context_parallel = nullptr) const;
   std::shared_ptr<torch::nn::Module> norm1, norm2;  // LayerNorm (Qwen2-VL) or RMSNorm (Qwen2.5-VL)
   std::shared_ptr<VisionAttention> attn;
   std::shared_ptr<VisionMlp> mlp;

@@ -161,7 +161,7 @@ int64_t FlowMatchingTask::eval_frames(int64_t index) const {
 core::StepData FlowMatchingTask::step_data(int64_t step) const {
   const auto& t = job_.training;
   const int64_t share = t.global_batch_size / layout_.data_parallel;
-  const int64_t begin = step * t.global_batch_size + layout_.data_rank() * share;
+  const int64_t begin = step * t.global_batch_size + layout_.data_shard() * share;
   core::StepData out;
   for (const auto& indices : same_shape_batches(begin, begin + share, t.micro_batch_size,
                                                 [this](int64_t i) { return train_frames(i); })) {

@@ -47,21 +47,41 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
 // final hidden states. Under tensor parallelism the LM head gives this rank's slice of the
 // vocabulary and the loss is computed on the slices; otherwise, with fused kernels, the head and
 // the loss run chunk by chunk without the whole logits.
-at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, const at::Tensor& hidden,
-                          const at::Tensor& labels) {
-  const int64_t length = hidden.size(1);
-  auto predicting = hidden.narrow(1, 0, length - 1);
-  auto targets = labels.narrow(1, 1, length - 1).reshape({-1});
+// The cross entropy of the LM head's predictions from `predicting` (..., hidden) against `targets`
+// (one per prediction, flat), summed over the targets that are not ignored.
+at::Tensor prediction_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
+                               const at::Tensor& predicting, const at::Tensor& targets) {
+  const int64_t width = predicting.size(-1);
   const auto& tp = model.llm_tp();
   if (tp.size() == 1 && nn::fused_kernels())
-    return kernels::linear_cross_entropy_sum(predicting.reshape({-1, hidden.size(2)}), model.lm_head_weight(),
-                                             targets, data::kIgnoreIndex);
+    return kernels::linear_cross_entropy_sum(predicting.reshape({-1, width}), model.lm_head_weight(), targets,
+                                             data::kIgnoreIndex);
   auto logits = model.logits(predicting);
   auto predicted = logits.reshape({-1, logits.size(-1)}).to(at::kFloat);
   if (tp.size() > 1)
     return parallel::vocab_parallel_cross_entropy_sum(predicted, targets, tp.comm, model.vocab_start(),
                                                       data::kIgnoreIndex);
   return at::cross_entropy_loss(predicted, targets, {}, at::Reduction::Sum, data::kIgnoreIndex);
+}
+
+// Each token predicts the next label of its row: hidden (B, L, hidden), labels (B, L).
+at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, const at::Tensor& hidden,
+                          const at::Tensor& labels) {
+  const int64_t length = hidden.size(1);
+  return prediction_loss_sum(model, hidden.narrow(1, 0, length - 1),
+                             labels.narrow(1, 1, length - 1).reshape({-1}));
+}
+
+// Under context parallelism: `hidden` (1, local tokens, hidden) is this rank's shard of the tokens,
+// and each predicts the label after it in its row, sharded alike (the last token of a row and the
+// padding predict nothing).
+at::Tensor sharded_token_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
+                                  const at::Tensor& hidden, const at::Tensor& labels,
+                                  const parallel::ContextShard& shard) {
+  const at::Tensor next = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
+                                   at::full({labels.size(0), 1}, data::kIgnoreIndex, labels.options())},
+                                  1);
+  return prediction_loss_sum(model, hidden[0], shard.scatter(next.flatten(), data::kIgnoreIndex));
 }
 
 // One held-out question with the model's greedy answer.
@@ -135,7 +155,7 @@ void VlmSftTask::save_artifacts(const std::string& dir) const {
 core::StepData VlmSftTask::step_data(int64_t step) const {
   // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
   const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()),
-                                     layout_.data_rank(), layout_.data_parallel};
+                                     layout_.data_shard(), layout_.data_parallel};
   core::StepData out;
   for (data::Batch& batch : micro_batches(step, batching, &out)) {
     out.loss_count += static_cast<double>(batch.num_target_tokens);
@@ -178,8 +198,11 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
                                         core::Carry input) {
   const data::Batch& batch = static_cast<const VlmMicroBatch&>(micro).batch;
   core::ForwardResult out;
-  core::Carry carry = stage.forward(std::move(input), model_->context(model_inputs(batch)));
-  if (stage.last)
+  const auto context = model_->sharded_context(model_inputs(batch));
+  core::Carry carry = stage.forward(std::move(input), context);
+  if (stage.last && context->text_shard.enabled())
+    out.loss_sum = sharded_token_loss_sum(*model_, carry.get("hidden"), batch.labels, context->text_shard);
+  else if (stage.last)
     out.loss_sum = token_loss_sum(*model_, carry.get("hidden"), batch.labels);
   else
     out.output = std::move(carry);
