@@ -1,7 +1,13 @@
-# Context-parallel attention across 4 real processes through `loom run`: the gtest cases
-# ContextAttentionUnderLoomRun (Ulysses, ring and their hybrid at cp 4 and cp 2 against flash
-# attention over the whole sequence, forward and backward; the ring of 4 on 1, 127 and 4096 tokens)
-# run in every rank.
+# Context parallelism across real processes through `loom run`.
+# 1. The attention alone: the gtest cases ContextAttentionUnderLoomRun (Ulysses, ring and their hybrid
+#    at cp 4 and cp 2 against flash attention over the whole sequence, forward and backward; the ring
+#    of 4 on 1, 127 and 4096 tokens) in 4 ranks.
+# 2. Training the tiny shapes job (packed samples of uneven lengths, images through the vision tower;
+#    10 fp32 steps) against one process: cp 2 as a ring and as Ulysses, cp 4 as a ring, as 2 x 2
+#    hybrid and as Ulysses (a 4-head vision tower, against its own single process), cp 2 x dp 2,
+#    cp 2 x tp 2 with sequence parallelism, unpacked rows, and Qwen2.5-VL's window attention at cp 2
+#    and 2 x 2: the loss at every step within 1e-5 relative, the step-10 gradients within 1e-5.
+# 3. The one-line errors: a Ulysses degree the heads do not split over, cp not dividing the world.
 source "$(dirname "$0")/lib.bash"
 TESTS=$(dirname "$LOOM")/loom_nn_tests
 "$LOOM" run -n 4 -- "$TESTS" --gtest_filter='ContextAttentionUnderLoomRun.*' > "$WORK/run.log" 2>&1 ||
@@ -13,4 +19,85 @@ for rank in 0 1 2 3; do
       { cat "$WORK/run.log"; fail "rank $rank did not pass $test (or skipped it)"; }
   done
 done
-echo "context parallel: Ulysses, ring and hybrid attention at cp 4 and cp 2 match flash attention over the whole sequence, forward and backward"
+echo "context attention: Ulysses, ring and hybrid at cp 4 and cp 2 match flash attention over the whole sequence, forward and backward"
+
+common=(--set training.steps=10 --set training.global_batch_size=16 --set training.warmup_steps=2
+        --set training.save_every=0 --set training.threads=1 --set tools.log_every=1 --set tools.dump_gradients=10)
+one() {  # name, options: the single-process reference
+  local name=$1
+  shift
+  small_job "${common[@]}" --set training.micro_batch_size=4 --set training.output_dir="$WORK/$name" "$@" \
+    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name: single process"; }
+}
+one one
+parallel_run cp2_ring 2 --set parallel.cp=2
+parallel_run cp2_ulysses 2 --set parallel.cp=2 --set parallel.cp_ulysses=2
+parallel_run cp4_ring 4 --set parallel.cp=4
+parallel_run cp4_hybrid 4 --set parallel.cp=4 --set parallel.cp_ulysses=2
+parallel_run cp2_dp2 4 --set parallel.cp=2
+parallel_run cp2_tp2_sp 4 --set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+VISION4=(--set model.hf_config.vision_config.num_heads=4)
+one one_vision4 "${VISION4[@]}"
+parallel_run cp4_ulysses 4 --set parallel.cp=4 --set parallel.cp_ulysses=4 "${VISION4[@]}"
+one one_unpacked --set data.packing=false
+parallel_run cp2_unpacked 2 --set parallel.cp=2 --set data.packing=false
+# Qwen2.5-VL: window attention in vision block 0 (windows of one merge unit), full attention in block 1.
+python3 - "$SRC/configs/shapes-qwen2vl-tiny.yaml" "$WORK/qwen25.yaml" <<'PY'
+import sys
+text = open(sys.argv[1]).read()
+start, end = text.index("    vision_config:"), text.index("data:")
+vision = '''    vision_config: {depth: 2, hidden_size: 64, out_hidden_size: 128, intermediate_size: 128, num_heads: 2,
+      in_channels: 3, patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, hidden_act: silu,
+      window_size: 28, fullatt_block_indexes: [1]}
+'''
+text = text[:start] + vision + text[end:]
+text = text.replace("family: qwen2_vl", "family: qwen2_5_vl").replace("model_type: qwen2_vl", "model_type: qwen2_5_vl")
+open(sys.argv[2], "w").write(text)
+PY
+"$LOOM" train "$WORK/qwen25.yaml" "${common[@]}" --set training.micro_batch_size=4 --set data.eval_samples=50 \
+  --set tools.progress_bar=false --set training.eval_every=0 --set training.output_dir="$WORK/one_qwen25" \
+  > "$WORK/one_qwen25.log" 2>&1 || { cat "$WORK/one_qwen25.log"; fail "Qwen2.5-VL, one process"; }
+for run in "qwen25_cp2 2" "qwen25_cp4_hybrid 4 --set parallel.cp_ulysses=2"; do
+  set -- $run
+  name=$1 ranks=$2
+  shift 2
+  "$LOOM" run -n "$ranks" -- "$LOOM" train "$WORK/qwen25.yaml" "${common[@]}" --set training.micro_batch_size=4 \
+    --set data.eval_samples=50 --set tools.progress_bar=false --set training.eval_every=0 \
+    --set parallel.cp="$ranks" --set training.output_dir="$WORK/$name" "$@" > "$WORK/$name.log" 2>&1 ||
+    { cat "$WORK/$name.log"; fail "$name"; }
+done
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import runs
+pairs = {"cp2_ring": "one", "cp2_ulysses": "one", "cp4_ring": "one", "cp4_hybrid": "one", "cp2_dp2": "one",
+         "cp2_tp2_sp": "one", "cp4_ulysses": "one_vision4", "cp2_unpacked": "one_unpacked",
+         "qwen25_cp2": "one_qwen25", "qwen25_cp4_hybrid": "one_qwen25"}
+for name, reference in pairs.items():
+    one, run = runs.steps(f"{work}/{reference}/metrics.jsonl"), runs.steps(f"{work}/{name}/metrics.jsonl")
+    assert sorted(one) == sorted(run) == list(range(1, 11)), (name, sorted(one), sorted(run))
+    loss = max(abs(run[s]["loss"] - one[s]["loss"]) / one[s]["loss"] for s in one)
+    assert loss <= 1e-5, (name, loss)
+    norm = max(abs(run[s]["grad_norm"] - one[s]["grad_norm"]) / one[s]["grad_norm"] for s in one)
+    assert norm <= 1e-5, (name, norm)
+    grads = runs.tensors(f"{work}/{reference}/gradients/step-00000010.safetensors")
+    theirs = runs.tensors(f"{work}/{name}/gradients/step-00000010.safetensors")
+    assert sorted(theirs) == sorted(grads), name
+    diff = max(max(abs(a - b) for a, b in zip(grads[k], theirs[k])) for k in grads)
+    assert diff <= 1e-5, (name, diff)
+    print(f"{name}: 10 losses within {loss:.1e} relative of one process, step-10 gradients of {len(grads)} tensors within {diff:.1e}")
+PY
+# The one-line errors, before any work.
+for bad in "4 --set parallel.cp=4 --set parallel.cp_ulysses=4|parallel.cp_ulysses=4 does not split the attention heads per tensor-parallel rank (llm 4, its key/value heads 2, vision 2) evenly over the Ulysses ranks" \
+           "4 --set parallel.cp=3|parallel.dp=auto: world size 4 is not divisible by tp*cp*pp = 1*3*1 = 3"; do
+  args=${bad%%|*} message=${bad#*|}
+  set -- $args
+  ranks=$1
+  shift
+  if "$LOOM" run -n "$ranks" -- "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" "$@" > "$WORK/bad.log" 2>&1; then
+    fail "accepted: $args"
+  fi
+  grep -qF "$message" "$WORK/bad.log" || { cat "$WORK/bad.log"; fail "no one-line error for $args"; }
+done
+echo "context parallel training: every layout gives the single-process losses and gradients; bad degrees are one-line errors"
