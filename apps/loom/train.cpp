@@ -1,6 +1,7 @@
 // loom train, eval and bench: a job's Trainer, over the ranks a launcher started.
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
 #include <functional>
 #include <memory>
@@ -100,6 +101,28 @@ nlohmann::json bench_json(const train::BenchResult& r) {
                        {"bubble_theoretical", (p - 1) / (v * m + p - 1)},
                        {"bubble_measured", total > 0 ? idle / total : 0.0},
                        {"per_rank", ranks}};
+  }
+  if (!r.context.empty()) {
+    // The ring's hidden share: the part of the time its messages take alone that the ranks did not
+    // spend blocked on them after their compute.
+    nlohmann::json ranks = nlohmann::json::array();
+    double wait = 0, alone = 0;
+    for (size_t i = 0; i < r.context.size(); ++i) {
+      const auto& c = r.context[i];
+      ranks.push_back({{"rank", i},
+                       {"activations_mib", mib(c.activation_bytes)},
+                       {"ring_compute_s", c.ring_compute_s},
+                       {"ring_wait_s", c.ring_wait_s},
+                       {"ring_alone_s", c.ring_alone_s},
+                       {"ring_sent_mib", mib(c.ring_bytes)}});
+      wait += c.ring_wait_s;
+      alone += c.ring_alone_s;
+    }
+    out["context"] = {{"ranks", r.context.size()},
+                      {"ulysses", r.cp_ulysses},
+                      {"ring", static_cast<int64_t>(r.context.size()) / r.cp_ulysses},
+                      {"ring_hidden_share", alone > 0 ? std::clamp(1.0 - wait / alone, 0.0, 1.0) : 0.0},
+                      {"per_rank", ranks}};
   }
   return out;
 }

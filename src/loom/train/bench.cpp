@@ -6,6 +6,7 @@
 
 #include "loom/data/loader.h"
 #include "loom/memory/counting_allocator.h"
+#include "loom/parallel/context/ring.h"
 #include "loom/train/flops.h"
 #include "loom/train/schedule.h"
 #include "loom/train/trainer.h"
@@ -42,6 +43,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
     const auto optimizer_begin = Clock::now();
     plan_.optimizer->step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
     const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
+    if (i + 1 == warmup) parallel::reset_ring_stats();
     if (i < warmup) continue;
     if (counter) r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, counter->peak_bytes());
     r.activation_bytes = std::max(r.activation_bytes, stats.activation_bytes);
@@ -77,6 +79,22 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
       r.pipeline.push_back(
           {rows[i][0].item<double>(), rows[i][1].item<double>(), rows[i][2].item<int64_t>()});
     r.virtual_stages = job_.parallel.virtual_stages;
+  }
+  if (const auto& cp = parts_.layout.cp) {
+    const parallel::RingStats ring = parallel::ring_stats();
+    const double alone = parallel::time_ring_messages_alone();
+    at::Tensor rows = at::zeros({cp->size(), 5}, at::kDouble);
+    rows[cp->rank()][0] = static_cast<double>(mine.activation_bytes);
+    rows[cp->rank()][1] = ring.compute_s;
+    rows[cp->rank()][2] = ring.wait_s;
+    rows[cp->rank()][3] = alone;
+    rows[cp->rank()][4] = static_cast<double>(ring.bytes);
+    cp->all_reduce_sum({rows});
+    for (int64_t i = 0; i < cp->size(); ++i)
+      r.context.push_back({static_cast<int64_t>(rows[i][0].item<double>()), rows[i][1].item<double>(),
+                           rows[i][2].item<double>(), rows[i][3].item<double>(),
+                           static_cast<int64_t>(rows[i][4].item<double>())});
+    r.cp_ulysses = job_.parallel.cp_ulysses;
   }
   r.parameter_bytes = plan_.bytes.parameters;
   r.gradient_bytes = plan_.bytes.gradients;

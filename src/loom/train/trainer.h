@@ -47,6 +47,17 @@ struct BenchResult {
     int64_t activation_bytes = 0;
   };
   std::vector<PipelineRank> pipeline;
+  // Under context parallelism, each cp rank's timed steps (from every rank of the group): the most
+  // activation bytes its forwards held, and its ring attention's compute, exposed wait (blocked on a
+  // message after a step's compute) and messages sent; and the seconds the same messages take around
+  // the same ring alone (ring_alone_s, this rank's), so the hidden share is 1 - wait / alone.
+  struct ContextRank {
+    int64_t activation_bytes = 0;
+    double ring_compute_s = 0, ring_wait_s = 0, ring_alone_s = 0;
+    int64_t ring_bytes = 0;
+  };
+  std::vector<ContextRank> context;
+  int64_t cp_ulysses = 1;
   int64_t micro_batches = 0, virtual_stages = 1;  // per step on this rank; model chunks per pipeline rank
 };
 

@@ -25,13 +25,18 @@ double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+RingStats& stats() {
+  static RingStats process;
+  return process;
+}
+
 // Messages in flight; wait() adds the time spent blocked to the ring's wait figure.
 class InFlight {
  public:
-  explicit InFlight(ContextParallelGroup::RingState& state) : state_(state) {}
   void send(const at::Tensor& t, int64_t peer, int64_t tag, dist::Comm& ring) {
     works_.push_back(ring.start_send(t, peer, tag));
-    state_.bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    stats().bytes += t.numel() * static_cast<int64_t>(t.element_size());
+    ++stats().messages;
   }
   void receive(const at::Tensor& t, int64_t peer, int64_t tag, dist::Comm& ring) {
     works_.push_back(ring.start_recv(t, peer, tag));
@@ -40,11 +45,10 @@ class InFlight {
     const auto start = Clock::now();
     for (auto& work : works_) work->wait();
     works_.clear();
-    state_.wait_s += seconds_since(start);
+    stats().wait_s += seconds_since(start);
   }
 
  private:
-  ContextParallelGroup::RingState& state_;
   std::vector<std::unique_ptr<dist::PendingWork>> works_;
 };
 
@@ -80,8 +84,8 @@ struct RingCall : torch::CustomClassHolder {
     return {next_keys, next_values};
   }
   int64_t tag_base() const {
-    auto& state = *plan.group.ring_state;
-    return (state.calls++ % kCallsCycle) * kTagsPerCall;
+    stats().ring = plan.group.ring;
+    return ((*plan.group.ring_calls)++ % kCallsCycle) * kTagsPerCall;
   }
 };
 
@@ -104,17 +108,16 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
  public:
   static variable_list forward(AutogradContext* ctx, const at::Tensor& q, const at::Tensor& k,
                                const at::Tensor& v, const c10::intrusive_ptr<RingCall>& call) {
-    auto& state = *call->plan.group.ring_state;
     const int64_t steps = call->plan.group.ring_size, base = call->tag_base();
     at::Tensor keys = k.contiguous(), values = v.contiguous(), out, lse;
     for (int64_t step = 0; step < steps; ++step) {
-      InFlight messages(state);
+      InFlight messages;
       auto [next_keys, next_values] = call->pass_on(messages, keys, values, step, steps, base);
       const auto start = Clock::now();
       const int64_t source = call->source(step);
       merge(out, lse,
             kernels::attention_forward(q, keys, values, call->blocks(source), call->options(source)));
-      state.compute_s += seconds_since(start);
+      stats().compute_s += seconds_since(start);
       messages.wait();
       keys = next_keys;
       values = next_values;
@@ -129,7 +132,6 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     const auto& call = *static_cast<RingCall*>(holder.get());
     const auto saved = ctx->get_saved_variables();
     const at::Tensor &q = saved[0], &k = saved[1], &v = saved[2], &out = saved[3], &lse = saved[4];
-    auto& state = *call.plan.group.ring_state;
     dist::Comm& ring = *call.plan.group.ring;
     const int64_t steps = call.plan.group.ring_size, base = call.tag_base();
     const at::Tensor dout = grads[0].to(at::kFloat).contiguous();
@@ -138,16 +140,16 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
     // The gradients of the block held now travel one hop behind it: each rank adds its share and
     // passes them on; after the last step they reach the block's owner.
     at::Tensor incoming_dk, incoming_dv;
-    InFlight gradient_receives(state), gradient_sends(state);
+    InFlight gradient_receives, gradient_sends;
     for (int64_t step = 0; step < steps; ++step) {
-      InFlight messages(state);
+      InFlight messages;
       auto [next_keys, next_values] = call.pass_on(messages, keys, values, step, steps, base);
       const auto start = Clock::now();
       const int64_t source = call.source(step);
       kernels::AttentionGrads g = kernels::attention_backward(dout, q, keys, values, out, lse,
                                                               call.blocks(source), call.options(source));
       dq += g.dq;
-      state.compute_s += seconds_since(start);
+      stats().compute_s += seconds_since(start);
       if (step > 0) {
         gradient_receives.wait();
         g.dk += incoming_dk;
@@ -176,6 +178,36 @@ class RingAttentionFunction : public torch::autograd::Function<RingAttentionFunc
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const ContextAttention& plan) {
   return RingAttentionFunction::apply(q, k, v, c10::make_intrusive<RingCall>(plan))[0];
+}
+
+const RingStats& ring_stats() { return stats(); }
+
+void reset_ring_stats() {
+  auto ring = stats().ring;
+  stats() = {};
+  stats().ring = std::move(ring);
+}
+
+double time_ring_messages_alone() {
+  const RingStats& s = stats();
+  if (!s.ring || s.messages == 0) return 0;
+  // Two messages at a time each way, as a step sends its keys and values.
+  dist::Comm& ring = *s.ring;
+  const int64_t next = (ring.rank() + 1) % ring.size(),
+                previous = (ring.rank() - 1 + ring.size()) % ring.size();
+  const at::Tensor out = at::zeros({2, std::max<int64_t>(1, s.bytes / s.messages)}, at::kByte),
+                   in = at::empty_like(out);
+  constexpr int64_t kTag = int64_t{1} << 30;  // above every ring attention call's tags
+  const auto start = Clock::now();
+  for (int64_t i = 0; i < (s.messages + 1) / 2; ++i) {
+    std::vector<std::unique_ptr<dist::PendingWork>> works;
+    for (int64_t j = 0; j < 2; ++j) {
+      works.push_back(ring.start_recv(in[j], previous, kTag + j));
+      works.push_back(ring.start_send(out[j], next, kTag + j));
+    }
+    for (auto& work : works) work->wait();
+  }
+  return seconds_since(start);
 }
 
 }  // namespace loom::parallel

@@ -16,4 +16,19 @@ namespace loom::parallel {
 at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                           const ContextAttention& plan);
 
+// Where this process's ring attention spent its time since the last reset (loom bench's figures).
+struct RingStats {
+  double compute_s = 0;  // attention over the blocks, merging the partial results
+  double wait_s = 0;     // blocked on a message after the step's compute: communication not hidden
+  int64_t bytes = 0;     // sent
+  int64_t messages = 0;  // sent
+  std::shared_ptr<dist::Comm> ring;  // the ring the messages went around
+};
+const RingStats& ring_stats();
+void reset_ring_stats();
+// The same number of messages, of the mean size, sent around the same ring with nothing to hide
+// behind (every rank of the ring calls it alike): the seconds the communication takes alone, the
+// denominator of the hidden share. 0 without messages.
+double time_ring_messages_alone();
+
 }  // namespace loom::parallel

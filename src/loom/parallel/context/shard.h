@@ -25,14 +25,8 @@ struct ContextParallelGroup {
   std::shared_ptr<dist::Comm> cp, ulysses, ring;  // null where the degree is 1
   int64_t ulysses_size = 1, ring_size = 1, ulysses_rank = 0, ring_rank = 0;
   // Ring attention's calls, counted alike on every ring rank (they run the same calls in the same
-  // order, so each call's message tags are its own), and where its time went (loom bench's figures).
-  struct RingState {
-    int64_t calls = 0;
-    double compute_s = 0;  // attention over the blocks and merging the partial results
-    double wait_s = 0;     // waiting for a message after the step's compute (communication not hidden)
-    int64_t bytes = 0;     // sent
-  };
-  std::shared_ptr<RingState> ring_state = std::make_shared<RingState>();
+  // order), so each call's message tags are its own.
+  std::shared_ptr<int64_t> ring_calls = std::make_shared<int64_t>(0);
 
   int64_t size() const { return ulysses_size * ring_size; }
   int64_t rank() const { return ring_rank * ulysses_size + ulysses_rank; }
