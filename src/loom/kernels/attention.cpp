@@ -491,7 +491,8 @@ AttentionResult composite_attention_forward(const at::Tensor& q, const at::Tenso
     scores = scores.masked_fill(hidden_scores(p, b, q.device()), kMinusInfinity);
     const auto log_sum = at::logsumexp(scores, -1);  // (H, Lq)
     // A query that sees no key keeps out 0 and lse -inf (exp(-inf - -inf) would be NaN).
-    const auto probs = at::exp(scores - log_sum.unsqueeze(-1)).nan_to_num(0.0);
+    const auto probs =
+        at::exp(scores - log_sum.unsqueeze(-1)).masked_fill(at::isinf(log_sum).unsqueeze(-1), 0.0);
     out.narrow(0, b.q_begin, b.q_length)
         .copy_(at::matmul(probs, block_rows(p, v, b.k_begin, b.k_length)).transpose(0, 1));
     lse.narrow(1, b.q_begin, b.q_length).copy_(log_sum);
@@ -522,7 +523,8 @@ AttentionGrads composite_attention_backward(const at::Tensor& dout, const at::Te
     const auto oh = out.narrow(0, b.q_begin, b.q_length).to(at::kFloat).transpose(0, 1);
     auto scores = at::matmul(qh, kh.transpose(1, 2)) * p.scale;
     scores = scores.masked_fill(hidden_scores(p, b, q.device()), kMinusInfinity);
-    const auto probs = at::exp(scores - lse.narrow(1, b.q_begin, b.q_length).unsqueeze(-1)).nan_to_num(0.0);
+    const auto row_lse = lse.narrow(1, b.q_begin, b.q_length).unsqueeze(-1);
+    const auto probs = at::exp(scores - row_lse).masked_fill(at::isinf(row_lse), 0.0);
     const auto delta = (doh * oh).sum(-1, /*keepdim=*/true);                               // (H, Lq, 1)
     const auto dscores = probs * (at::matmul(doh, vh.transpose(1, 2)) - delta) * p.scale;  // (H, Lq, Lk)
     dq.narrow(0, b.q_begin, b.q_length).add_(at::matmul(dscores, kh).transpose(0, 1));

@@ -16,10 +16,9 @@ using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 using Clock = std::chrono::steady_clock;
 
-// Each call's messages take tags [base, base + kTagsPerCall): four per step (keys, values and, in
-// the backward pass, their gradients), so rings of up to 32 ranks.
-constexpr int64_t kTagsPerCall = 128;
-constexpr int64_t kCallsCycle = (int64_t{1} << 30) / kTagsPerCall;
+// Each call's messages take tags [base, base + 4 x ring): four per step (keys, values and, in the
+// backward pass, their gradients), below 2^30.
+constexpr int64_t kTagSpace = int64_t{1} << 30;
 
 double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
@@ -85,7 +84,8 @@ struct RingCall : torch::CustomClassHolder {
   }
   int64_t tag_base() const {
     stats().ring = plan.group.ring;
-    return ((*plan.group.ring_calls)++ % kCallsCycle) * kTagsPerCall;
+    const int64_t per_call = 4 * plan.group.ring_size;
+    return ((*plan.group.ring_calls)++ % (kTagSpace / per_call)) * per_call;
   }
 };
 
@@ -98,7 +98,8 @@ void merge(at::Tensor& out, at::Tensor& lse, kernels::AttentionResult part) {
   }
   const at::Tensor merged = at::logaddexp(lse, part.lse);  // -inf where neither saw a key
   auto weight = [&](const at::Tensor& l) {
-    return at::exp(l - merged).nan_to_num(0.0).transpose(0, 1).unsqueeze(-1);  // (S, H, 1)
+    // A part that saw no key weighs 0 (exp(-inf - -inf) would be NaN); a NaN stays NaN.
+    return at::exp(l - merged).masked_fill(at::isinf(l), 0.0).transpose(0, 1).unsqueeze(-1);  // (S, H, 1)
   };
   out = out * weight(lse) + part.out * weight(part.lse);
   lse = merged;
@@ -185,19 +186,20 @@ const RingStats& ring_stats() { return stats(); }
 void reset_ring_stats() {
   auto ring = stats().ring;
   stats() = {};
-  stats().ring = std::move(ring);
+  stats().ring = ring;
 }
 
 double time_ring_messages_alone() {
   const RingStats& s = stats();
-  if (!s.ring || s.messages == 0) return 0;
+  const std::shared_ptr<dist::Comm> held = s.ring.lock();
+  if (!held || s.messages == 0) return 0;
   // Two messages at a time each way, as a step sends its keys and values.
-  dist::Comm& ring = *s.ring;
+  dist::Comm& ring = *held;
   const int64_t next = (ring.rank() + 1) % ring.size(),
                 previous = (ring.rank() - 1 + ring.size()) % ring.size();
   const at::Tensor out = at::zeros({2, std::max<int64_t>(1, s.bytes / s.messages)}, at::kByte),
                    in = at::empty_like(out);
-  constexpr int64_t kTag = int64_t{1} << 30;  // above every ring attention call's tags
+  constexpr int64_t kTag = kTagSpace;  // above every ring attention call's tags
   const auto start = Clock::now();
   for (int64_t i = 0; i < (s.messages + 1) / 2; ++i) {
     std::vector<std::unique_ptr<dist::PendingWork>> works;

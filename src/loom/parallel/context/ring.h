@@ -18,11 +18,11 @@ at::Tensor ring_attention(const at::Tensor& q, const at::Tensor& k, const at::Te
 
 // Where this process's ring attention spent its time since the last reset (loom bench's figures).
 struct RingStats {
-  double compute_s = 0;  // attention over the blocks, merging the partial results
-  double wait_s = 0;     // blocked on a message after the step's compute: communication not hidden
-  int64_t bytes = 0;     // sent
-  int64_t messages = 0;  // sent
-  std::shared_ptr<dist::Comm> ring;  // the ring the messages went around
+  double compute_s = 0;            // attention over the blocks, merging the partial results
+  double wait_s = 0;               // blocked on a message after the step's compute: communication not hidden
+  int64_t bytes = 0;               // sent
+  int64_t messages = 0;            // sent
+  std::weak_ptr<dist::Comm> ring;  // the ring the messages went around (not kept alive by this)
 };
 const RingStats& ring_stats();
 void reset_ring_stats();
