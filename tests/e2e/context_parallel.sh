@@ -14,7 +14,8 @@ TESTS=$(dirname "$LOOM")/loom_nn_tests
   { cat "$WORK/run.log"; fail "a rank failed"; }
 for rank in 0 1 2 3; do
   for test in ContextAttentionUnderLoomRun.UlyssesRingAndHybridAreTheWholeAttention \
-      ContextAttentionUnderLoomRun.RingOfFourOnSequencesOf1And127And4096Tokens; do
+      ContextAttentionUnderLoomRun.RingOfFourOnSequencesOf1And127And4096Tokens \
+      ContextAttentionUnderLoomRun.RowsLayoutsAreTheWholeAttention; do
     grep -q "^\[rank $rank\] \[       OK \] $test" "$WORK/run.log" ||
       { cat "$WORK/run.log"; fail "rank $rank did not pass $test (or skipped it)"; }
   done

@@ -115,11 +115,12 @@ at::Tensor segment_attention(const at::Tensor& q, const at::Tensor& k, const at:
 at::Tensor context_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const parallel::ContextAttention& plan) {
   const parallel::ContextParallelGroup& group = plan.group;
-  const at::Tensor qh = parallel::ulysses_to_heads(q, group), kh = parallel::ulysses_kv_to_heads(k, group),
-                   vh = parallel::ulysses_kv_to_heads(v, group);
+  const at::Tensor qh = parallel::ulysses_to_heads(q, group, plan.rows),
+                   kh = parallel::ulysses_kv_to_heads(k, group, plan.rows),
+                   vh = parallel::ulysses_kv_to_heads(v, group, plan.rows);
   const at::Tensor out = group.ring_size > 1 ? parallel::ring_attention(qh, kh, vh, plan)
                                              : segment_attention(qh, kh, vh, plan.cu_seqlens, plan.causal);
-  return parallel::ulysses_to_sequence(out, group);
+  return parallel::ulysses_to_sequence(out, group, plan.rows);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v) {

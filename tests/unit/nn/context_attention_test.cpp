@@ -85,6 +85,48 @@ TEST(ContextAttentionUnderLoomRun, UlyssesRingAndHybridAreTheWholeAttention) {
   }
 }
 
+// A rows layout (the Wan DiT's [batch, tokens]): every rank holds the same positions of each row, the
+// Ulysses exchange runs along the rows.
+void expect_rows_whole(const parallel::ContextParallelGroup& g, int64_t rows, int64_t length, bool causal) {
+  const std::string what = fmt::format("rows: cp {} (ulysses {} x ring {}), {} rows of {}, causal {}",
+                                       g.size(), g.ulysses_size, g.ring_size, rows, length, causal);
+  const int64_t tokens = rows * length, heads = 4, dim = 8;
+  at::manual_seed(23);
+  auto q = at::randn({tokens, heads, dim}).requires_grad_(),
+       k = at::randn({tokens, heads, dim}).requires_grad_(),
+       v = at::randn({tokens, heads, dim}).requires_grad_();
+  const at::Tensor dout = at::randn({tokens, heads, dim});
+  std::vector<int64_t> cu;
+  for (int64_t r = 0; r <= rows; ++r) cu.push_back(r * length);
+  at::Tensor want = kernels::flash_attention(q, k, v, cu, {causal});
+  (want * dout).sum().backward();
+  const at::Tensor want_dq = q.grad().clone(), want_dk = k.grad().clone(), want_dv = v.grad().clone();
+  q.mutable_grad().reset();
+  k.mutable_grad().reset();
+  v.mutable_grad().reset();
+  const parallel::ContextShard shard = parallel::context_row_shard(g, rows, length, causal);
+  auto local = [&](const at::Tensor& x) {
+    return shard.scatter_rows(x.view({rows, length, -1, dim})).flatten(0, 1);
+  };
+  const at::Tensor out =
+      context_attention(local(q), local(k), local(v), parallel::context_attention_plan(shard, cu));
+  (out * local(dout)).sum().backward();
+  const at::NoGradGuard no_grad;
+  const at::Tensor real = (shard.row_index < length).repeat({rows});
+  EXPECT_TRUE(out.index({real}).allclose(local(want).index({real}), 1e-5, 1e-5)) << what << ": out";
+  std::vector<at::Tensor> grads{q.grad(), k.grad(), v.grad()};
+  g.cp->all_reduce_sum(grads);
+  EXPECT_TRUE(grads[0].allclose(want_dq, 1e-4, 1e-5)) << what << ": dq";
+  EXPECT_TRUE(grads[1].allclose(want_dk, 1e-4, 1e-5)) << what << ": dk";
+  EXPECT_TRUE(grads[2].allclose(want_dv, 1e-4, 1e-5)) << what << ": dv";
+}
+
+TEST(ContextAttentionUnderLoomRun, RowsLayoutsAreTheWholeAttention) {
+  if (!dist::loom_run_world()) GTEST_SKIP() << "needs 4 ranks: loom run -n 4 -- loom_nn_tests";
+  for (auto [cp, ulysses] : std::vector<std::pair<int64_t, int64_t>>{{4, 1}, {4, 4}, {4, 2}, {2, 2}, {2, 1}})
+    for (bool causal : {false, true}) expect_rows_whole(group(cp, ulysses), 3, 37, causal);
+}
+
 TEST(ContextAttentionUnderLoomRun, RingOfFourOnSequencesOf1And127And4096Tokens) {
   if (!dist::loom_run_world()) GTEST_SKIP() << "needs 4 ranks: loom run -n 4 -- loom_nn_tests";
   for (int64_t tokens : {1, 127, 4096})

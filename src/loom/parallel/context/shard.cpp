@@ -59,45 +59,100 @@ std::vector<std::pair<int64_t, int64_t>> ContextShard::held(size_t i, int64_t r)
   return {{r * s.chunk, s.chunk}};
 }
 
-ContextShard context_shard(const ContextParallelGroup& group, const std::vector<int64_t>& lengths,
-                           bool causal, int64_t align) {
+namespace {
+
+// The sequences' chunks and where they start in every ring shard (the shard's fields but the indexes).
+ContextShard layout_of(const ContextParallelGroup& group, const std::vector<int64_t>& lengths, bool causal,
+                       int64_t chunk_multiple) {
   ContextShard shard;
   shard.group = group;
   shard.causal = causal;
-  const int64_t ring = group.ring_size, chunks = chunks_per_sequence(ring, causal);
+  const int64_t chunks = chunks_per_sequence(group.ring_size, causal);
   int64_t offset = 0;
   for (int64_t length : lengths) {
     if (length < 0) throw ModelError(fmt::format("context parallelism: a sequence of {} tokens", length));
     ContextShard::Sequence s;
     s.begin = shard.tokens;
     s.length = length;
-    s.chunk = round_up(length, chunks) / chunks;
+    s.chunk = round_up(round_up(length, chunks) / chunks, chunk_multiple);
     s.offset = offset;
-    offset += s.chunk * (chunks / ring);
+    offset += s.chunk * (chunks / group.ring_size);
     shard.tokens += length;
     shard.sequences.push_back(s);
   }
-  shard.ring_length = round_up(std::max<int64_t>(offset, 1), group.ulysses_size * align);
-  shard.local_length = shard.ring_length / group.ulysses_size;
-  // Every ring shard's token index, padding pointing past the last token.
-  std::vector<int64_t> all(static_cast<size_t>(ring * shard.ring_length), shard.tokens);
-  for (int64_t r = 0; r < ring; ++r) {
-    int64_t* slots = all.data() + r * shard.ring_length;
-    for (size_t i = 0; i < shard.sequences.size(); ++i) {
-      const auto& s = shard.sequences[i];
-      int64_t at = s.offset;
-      for (const auto& [first, length] : shard.held(i, r))
-        for (int64_t j = 0; j < length; ++j, ++at)
-          if (first + j < s.length) slots[at] = s.begin + first + j;
+  shard.ring_length = offset;
+  return shard;
+}
+
+// The tokens of sequence i in ring shard r, in order; `tokens` for padding.
+std::vector<int64_t> ring_part(const ContextShard& shard, size_t i, int64_t r) {
+  const auto& s = shard.sequences[i];
+  std::vector<int64_t> slots;
+  for (const auto& [first, length] : shard.held(i, r))
+    for (int64_t j = 0; j < length; ++j)
+      slots.push_back(first + j < s.length ? s.begin + first + j : shard.tokens);
+  return slots;
+}
+
+// Fills local_index and restore from every rank's slots (`slots_of(r, u)`), in cp rank order.
+template <class Slots>
+void index_slots(ContextShard& shard, Slots slots_of) {
+  const auto& group = shard.group;
+  std::vector<int64_t> all;
+  for (int64_t r = 0; r < group.ring_size; ++r)
+    for (int64_t u = 0; u < group.ulysses_size; ++u) {
+      std::vector<int64_t> slots = slots_of(r, u);
+      if (r == group.ring_rank && u == group.ulysses_rank) shard.local_index = at::tensor(slots, at::kLong);
+      all.insert(all.end(), slots.begin(), slots.end());
     }
-  }
-  const int64_t mine = group.rank() * shard.local_length;
-  shard.local_index = at::tensor(
-      std::vector<int64_t>(all.begin() + mine, all.begin() + mine + shard.local_length), at::kLong);
   std::vector<int64_t> restore(static_cast<size_t>(shard.tokens));
   for (size_t slot = 0; slot < all.size(); ++slot)
     if (all[slot] < shard.tokens) restore[static_cast<size_t>(all[slot])] = static_cast<int64_t>(slot);
   shard.restore = at::tensor(restore, at::kLong);
+}
+
+}  // namespace
+
+ContextShard context_shard(const ContextParallelGroup& group, const std::vector<int64_t>& lengths,
+                           bool causal, int64_t align) {
+  ContextShard shard = layout_of(group, lengths, causal, 1);
+  shard.ring_length = round_up(std::max<int64_t>(shard.ring_length, 1), group.ulysses_size * align);
+  shard.local_length = shard.ring_length / group.ulysses_size;
+  index_slots(shard, [&shard](int64_t r, int64_t u) {
+    std::vector<int64_t> ring_shard;
+    for (size_t i = 0; i < shard.sequences.size(); ++i) {
+      const auto part = ring_part(shard, i, r);
+      ring_shard.insert(ring_shard.end(), part.begin(), part.end());
+    }
+    ring_shard.resize(static_cast<size_t>(shard.ring_length), shard.tokens);
+    const auto begin = ring_shard.begin() + u * shard.local_length;
+    return std::vector<int64_t>(begin, begin + shard.local_length);
+  });
+  return shard;
+}
+
+ContextShard context_row_shard(const ContextParallelGroup& group, int64_t rows, int64_t length, bool causal,
+                               int64_t align) {
+  ContextShard shard = layout_of(group, std::vector<int64_t>(static_cast<size_t>(rows), length), causal,
+                                 group.ulysses_size * align);
+  shard.rows = rows;
+  shard.local_length = shard.ring_length / group.ulysses_size;
+  const int64_t per_row = rows > 0 ? shard.local_length / rows : 0;
+  index_slots(shard, [&](int64_t r, int64_t u) {
+    std::vector<int64_t> slots;
+    for (size_t i = 0; i < shard.sequences.size(); ++i) {
+      const auto part = ring_part(shard, i, r);
+      slots.insert(slots.end(), part.begin() + u * per_row, part.begin() + (u + 1) * per_row);
+    }
+    return slots;
+  });
+  // Every row's slots hold the same positions of it.
+  std::vector<int64_t> positions(static_cast<size_t>(per_row));
+  for (int64_t j = 0; j < per_row; ++j) {
+    const int64_t token = shard.local_index[j].item<int64_t>();
+    positions[static_cast<size_t>(j)] = token < shard.tokens ? token : length;
+  }
+  shard.row_index = at::tensor(positions, at::kLong);
   return shard;
 }
 
@@ -117,10 +172,22 @@ at::Tensor ContextShard::gather(const at::Tensor& x) const {
   return dist::gather_from_sequence_region(x, group.cp, 0).index_select(0, restore.to(x.device()));
 }
 
+at::Tensor ContextShard::scatter_rows(const at::Tensor& x, double fill) const {
+  if (rows == 0 || x.size(0) != rows || x.size(1) * rows != tokens)
+    throw ModelError(
+        fmt::format("context parallelism: a [{}, {}, ...] tensor to shard by rows, the layout has "
+                    "{} rows of {} tokens",
+                    x.size(0), x.dim() > 1 ? x.size(1) : 0, rows, rows > 0 ? tokens / rows : 0));
+  std::vector<int64_t> pad_shape = x.sizes().vec();
+  pad_shape[1] = 1;
+  return at::cat({x, at::full(pad_shape, fill, x.options())}, 1).index_select(1, row_index.to(x.device()));
+}
+
 ContextAttention context_attention_plan(const ContextShard& shard, const std::vector<int64_t>& segments) {
   ContextAttention plan;
   plan.group = shard.group;
   plan.causal = shard.causal;
+  plan.rows = shard.rows;
   if (segments.empty() || segments.front() != 0 || segments.back() != shard.tokens)
     throw ModelError(
         fmt::format("context parallelism: attention segments must run from 0 to {} tokens, got [{}]",
@@ -150,9 +217,16 @@ ContextAttention context_attention_plan(const ContextShard& shard, const std::ve
     throw ModelError("context parallelism: causal attention's segments must be the layout's sequences");
   const int64_t ring = shard.group.ring_size;
   if (ring == 1) {
-    // The ring shard is the axis itself, its padding at the end.
-    plan.cu_seqlens = segments;
-    if (shard.ring_length > shard.tokens) plan.cu_seqlens.push_back(shard.ring_length);
+    // The ring shard holds every sequence whole, each followed by its padding (a segment of its own),
+    // and the shard's padding at the end.
+    plan.cu_seqlens = {0};
+    size_t next = 0;
+    for (const auto& s : shard.sequences) {
+      for (; next < nonempty_segments.size() && nonempty_segments[next].first < s.begin + s.length; ++next)
+        plan.cu_seqlens.push_back(s.offset + nonempty_segments[next].second - s.begin);
+      if (s.chunk > s.length) plan.cu_seqlens.push_back(s.offset + s.chunk);
+    }
+    if (shard.ring_length > plan.cu_seqlens.back()) plan.cu_seqlens.push_back(shard.ring_length);
     return plan;
   }
   const int64_t r = shard.group.ring_rank;

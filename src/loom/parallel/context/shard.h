@@ -50,6 +50,8 @@ struct ContextShard {
   int64_t ring_length = 0;   // tokens of a ring shard, padding included
   int64_t local_length = 0;  // this rank's: ring_length / ulysses
   std::vector<Sequence> sequences;
+  int64_t rows = 0;      // > 0: a [rows, length] layout whose rows each rank holds alike (row_index)
+  at::Tensor row_index;  // rows > 0: (local_length / rows,) the positions of every row held; length: padding
   at::Tensor local_index;  // (local_length,) long: the token in each slot of this rank; `tokens`: padding
   at::Tensor restore;      // (tokens,) long: each token's slot in every rank's slots, in cp rank order
 
@@ -63,6 +65,9 @@ struct ContextShard {
   // result feeds work every rank repeats, each for its own tokens' loss: backward sums the ranks'
   // gradients and keeps this rank's rows.
   at::Tensor gather(const at::Tensor& x) const;
+  // Rows layout: this rank's positions of every row of x [rows, length, ...] (dimension 1), `fill`
+  // in the padding: [rows, local_length / rows, ...].
+  at::Tensor scatter_rows(const at::Tensor& x, double fill = 0) const;
 };
 
 // The layout of an axis holding `lengths` sequences one after another (zero-length ones allowed).
@@ -70,11 +75,19 @@ struct ContextShard {
 ContextShard context_shard(const ContextParallelGroup& group, const std::vector<int64_t>& lengths,
                            bool causal, int64_t align = 1);
 
+// The layout of `rows` sequences of `length` tokens each, held as a [rows, length] tensor (a batch of
+// video tokens whose layers read per-row values): each rank holds the same positions of every row,
+// so its shard stays [rows, local_length / rows]. Each row's ring chunk is padded to a multiple of
+// ulysses x align, and the Ulysses exchange runs along the rows' token dimension.
+ContextShard context_row_shard(const ContextParallelGroup& group, int64_t rows, int64_t length, bool causal,
+                               int64_t align = 1);
+
 // How one attention call over a shard's tokens runs, after the Ulysses exchange has given every rank
 // of a Ulysses group its ring shard (for its share of the heads).
 struct ContextAttention {
   ContextParallelGroup group;
   bool causal = false;
+  int64_t rows = 0;  // > 0: a rows layout (context_row_shard): q, k, v come as [rows * per-row tokens, H, D]
   // Ring of 1: the ring shard's attention segments, each stretch of padding a segment of its own.
   std::vector<int64_t> cu_seqlens;
   // Ring of more: the blocks this rank's queries attend with the keys of ring rank s, for each s.
