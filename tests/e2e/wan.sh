@@ -1,7 +1,7 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
-# process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor and pipeline
-# parallelism over two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
+# process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor, pipeline and
+# context parallelism over two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
 # summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
@@ -49,7 +49,7 @@ for layout in dp zero1 zero3; do
   same_losses "vae-$layout" vae
 done
 
-train dit 1 "${dit[@]}"
+train dit 1 "${dit[@]}" --set tools.dump_gradients=4
 grep -q "eval: held-out flow-matching loss .* on 4 clips; 1 held-out captions sampled into $WORK/dit/samples/step-00000004" "$WORK/dit.log" ||
   { cat "$WORK/dit.log"; fail "DiT evaluation"; }
 samples="$WORK/dit/samples/step-00000004"
@@ -84,6 +84,26 @@ train dit-pp2 2 "${dit[@]}" --set parallel.pp=2 --set training.eval_videos=0
 grep -q "model.pipeline_layers: {dit: \[2, 2\]}; this rank (pipeline rank 0) runs time_embedding to blocks.1" \
   "$WORK/dit-pp2.log" || { cat "$WORK/dit-pp2.log"; fail "no pipeline line for the DiT"; }
 same_losses dit-pp2 dit
+# Context parallelism: each sample's tokens split over 2 ranks (each holding the same positions of
+# every sample), as a ring and as Ulysses; the step-4 gradients as one process's too.
+train dit-cp2 2 "${dit[@]}" --set parallel.cp=2 --set training.eval_videos=0 --set tools.dump_gradients=4
+same_losses dit-cp2 dit
+train dit-cp2-ulysses 2 "${dit[@]}" --set parallel.cp=2 --set parallel.cp_ulysses=2 --set training.eval_videos=0 \
+  --set tools.dump_gradients=4
+same_losses dit-cp2-ulysses dit
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+import runs
+grads = runs.tensors(f"{work}/dit/gradients/step-00000004.safetensors")
+for name in ("dit-cp2", "dit-cp2-ulysses"):
+    theirs = runs.tensors(f"{work}/{name}/gradients/step-00000004.safetensors")
+    assert sorted(theirs) == sorted(grads), name
+    diff = max(max(abs(a - b) for a, b in zip(grads[k], theirs[k])) for k in grads)
+    assert diff <= 1e-5, (name, diff)
+    print(f"{name}: step-4 gradients of {len(grads)} tensors within {diff:.1e} of one process")
+PY
 # Under tp both ranks sample the clip (the DiT's collectives) and the first writes it.
 [ -s "$WORK/dit-tp2/samples/step-00000004/sample-000.gif" ] || fail "no clip sampled under tp 2"
 if "$LOOM" train "${vae[@]}" --set parallel.tp=2 --set training.output_dir="$WORK/x" 2> "$WORK/err"; then

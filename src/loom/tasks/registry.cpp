@@ -60,12 +60,12 @@ void check_wan_layout(const config::JobConfig& job, const char* what, int64_t wo
                       int64_t layers, int64_t tp_width) {
   const auto& p = job.parallel;
   const bool dit = tp_width > 0;
-  if ((!dit && (p.tp != 1 || p.pp != 1)) || p.cp != 1 || p.ep != 1)
-    throw ConfigError(
-        fmt::format("parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only ({}cp, "
-                    "ep 1{}); got tp {}, pp {}, cp {}, ep {}",
-                    what, dit ? ", tensor and pipeline parallelism" : "", dit ? "" : "pp, ",
-                    dit ? "" : ", tp 1", p.tp, p.pp, p.cp, p.ep));
+  if ((!dit && (p.tp != 1 || p.pp != 1 || p.cp != 1)) || p.ep != 1)
+    throw ConfigError(fmt::format(
+        "parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only ({}ep 1{}); got tp {}, "
+        "pp {}, cp {}, ep {}",
+        what, dit ? ", tensor, pipeline and context parallelism" : "", dit ? "" : "pp, cp, ",
+        dit ? "" : ", tp 1", p.tp, p.pp, p.cp, p.ep));
   if (p.sequence_parallel)
     throw ConfigError(
         fmt::format("parallel.sequence_parallel: {} keeps whole sequences on every tensor-parallel "
@@ -95,6 +95,7 @@ parallel::ParamOptions param_options(const config::JobConfig& job, const core::L
   parallel::ParamOptions options;
   options.dtype = job.training.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   options.tp = {layout.tp, false};
+  options.cp = parallel::context_parallel_group(layout.cp, job.parallel.cp_ulysses);
   return options;
 }
 

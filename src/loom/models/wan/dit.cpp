@@ -99,7 +99,8 @@ std::array<at::Tensor, 3> WanAttention::project(const at::Tensor& x, const at::T
 }
 
 at::Tensor WanAttention::self_attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                        const std::vector<int64_t>& cu) const {
+                                        const std::vector<int64_t>& cu,
+                                        const parallel::ContextAttention* context_parallel) const {
   const int64_t batch = x.size(0), length = x.size(1);
   const at::Tensor input = q->group().enter(x, 1);
   auto [query, key, value] = project(input, input);  // [B, L, H, d]
@@ -107,7 +108,8 @@ at::Tensor WanAttention::self_attention(const at::Tensor& x, const at::Tensor& c
   key = apply_rotary_interleaved(key, cos, sin);
   auto tokens = [&](const at::Tensor& t) { return t.reshape({batch * length, num_heads, head_dim}); };
   const at::Tensor attended =
-      nn::segment_attention(tokens(query), tokens(key), tokens(value), cu);  // (BL,H,d)
+      context_parallel ? nn::context_attention(tokens(query), tokens(key), tokens(value), *context_parallel)
+                       : nn::segment_attention(tokens(query), tokens(key), tokens(value), cu);  // (BL,H,d)
   return o->forward(attended.reshape({batch, length, num_heads * head_dim}).to(o->weight.scalar_type()),
                     1);  // [B, L, C]
 }
@@ -134,7 +136,8 @@ WanAttentionBlock::WanAttentionBlock(const WanConfig& c, const parallel::ParamOp
 
 at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& e0, const at::Tensor& text,
                                       const at::Tensor& cos, const at::Tensor& sin,
-                                      const std::vector<int64_t>& cu) const {
+                                      const std::vector<int64_t>& cu,
+                                      const parallel::ContextAttention* context_parallel) const {
   at::Tensor x = x_in.to(at::kFloat);                          // [B, L, C] residual stream
   const at::Tensor mod = modulation.to(at::kFloat) + e0;       // [B, 6, C]
   auto part = [&](int64_t i) { return mod.narrow(1, i, 1); };  // [B, 1, C]
@@ -152,7 +155,7 @@ at::Tensor WanAttentionBlock::forward(const at::Tensor& x_in, const at::Tensor& 
     return memory::refilled_in_backward(run(), run);
   };
   const at::Tensor attn_in = modulated(x, scale_1, shift_1);
-  x = x + self_attn->self_attention(attn_in, cos, sin, cu) * gate_1;
+  x = x + self_attn->self_attention(attn_in, cos, sin, cu, context_parallel) * gate_1;
 
   at::Tensor cross_in = x;
   if (norm3) {
@@ -183,7 +186,8 @@ at::Tensor WanHead::forward(const at::Tensor& x, const at::Tensor& e) const {
                            layer_norm_no_affine(x, eps) * (1 + scale) + shift);  // [B, L, pt ph pw C_out]
 }
 
-WanModel::WanModel(const WanConfig& c, const parallel::ParamOptions& options) : config(c) {
+WanModel::WanModel(const WanConfig& c, const parallel::ParamOptions& options)
+    : config(c), context_parallel(options.cp) {
   if (options.dtype != at::kFloat && options.dtype != at::kBFloat16)
     throw ModelError(
         fmt::format("Wan DiT runs in float32 or bfloat16, not {}", c10::toString(options.dtype)));
@@ -211,6 +215,12 @@ WanModel::WanModel(const WanConfig& c, const parallel::ParamOptions& options) : 
 std::shared_ptr<const WanContext> WanModel::context(const at::Tensor& latents, const at::Tensor& timesteps,
                                                     const at::Tensor& text) const {
   return wan_context(config, latents, timesteps, text);
+}
+
+std::shared_ptr<const WanContext> WanModel::sharded_context(const at::Tensor& latents,
+                                                            const at::Tensor& timesteps,
+                                                            const at::Tensor& text) const {
+  return wan_context(config, latents, timesteps, text, &context_parallel);
 }
 
 at::Tensor WanModel::forward(const at::Tensor& latents, const at::Tensor& timesteps,

@@ -86,9 +86,11 @@ class WanAttention : public torch::nn::Module {
  public:
   WanAttention(const WanConfig& config, const parallel::ParamOptions& options);
   // Self-attention over each sample's L tokens, q and k turned by the 3-D rotary embedding.
-  // x [B, L, C], cos and sin (L, 1, head_dim / 2), cu {0, L, ..., B L} -> [B, L, C] (parameter dtype).
+  // x [B, L, C], cos and sin (L, 1, head_dim / 2), cu {0, L, ..., B L} -> [B, L, C] (parameter dtype);
+  // under context parallelism L is this rank's positions and `context_parallel` plans the attention.
   at::Tensor self_attention(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                            const std::vector<int64_t>& cu) const;
+                            const std::vector<int64_t>& cu,
+                            const parallel::ContextAttention* context_parallel = nullptr) const;
   // Every token over all text_len rows of its sample's text, no rotary embedding.
   // x [B, L, C], text [B, text_len, C] -> [B, L, C] (parameter dtype).
   at::Tensor cross_attention(const at::Tensor& x, const at::Tensor& text) const;
@@ -113,8 +115,11 @@ class WanAttentionBlock : public torch::nn::Module {
   WanAttentionBlock(const WanConfig& config, const parallel::ParamOptions& options);
   // x [B, L, C], e0 [B, 6, C] float32, text [B, text_len, C], rope tables as WanAttention's ->
   // [B, L, C] float32.
+  // Under context parallelism x is this rank's positions of every sample and `context_parallel` says
+  // how the self-attention runs.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& e0, const at::Tensor& text, const at::Tensor& cos,
-                     const at::Tensor& sin, const std::vector<int64_t>& cu) const;
+                     const at::Tensor& sin, const std::vector<int64_t>& cu,
+                     const parallel::ContextAttention* context_parallel = nullptr) const;
   at::Tensor modulation;  // [1, 6, C]
   std::shared_ptr<WanAttention> self_attn;
   std::shared_ptr<nn::LayerNorm> norm3;  // null without cross_attn_norm
@@ -156,6 +161,11 @@ class WanModel : public torch::nn::Module, public core::Model {
   // The context the layers read for these inputs (layers.h wan_context).
   std::shared_ptr<const WanContext> context(const at::Tensor& latents, const at::Tensor& timesteps,
                                             const at::Tensor& text) const;
+  // The context of a training pass: under context parallelism (options.cp) each rank's layers see
+  // its positions of every sample's tokens, and the head's output is theirs (the context's
+  // shard.scatter_rows gives their targets); otherwise context().
+  std::shared_ptr<const WanContext> sharded_context(const at::Tensor& latents, const at::Tensor& timesteps,
+                                                    const at::Tensor& text) const;
 
   // core::Model
   torch::nn::Module& module() override { return *this; }
@@ -171,6 +181,7 @@ class WanModel : public torch::nn::Module, public core::Model {
   std::vector<std::shared_ptr<WanAttentionBlock>> blocks;
   std::shared_ptr<WanHead> head;
   WanConfig config;
+  parallel::ContextParallelGroup context_parallel;
 
  private:
   core::Layers layers_;

@@ -9,7 +9,8 @@
 namespace loom::models {
 
 std::shared_ptr<const WanContext> wan_context(const WanConfig& config, const at::Tensor& latents,
-                                              const at::Tensor& timesteps, const at::Tensor& text) {
+                                              const at::Tensor& timesteps, const at::Tensor& text,
+                                              const parallel::ContextParallelGroup* cp) {
   if (!latents.defined() || latents.dim() != 5 || latents.size(1) != config.in_dim)
     throw ModelError(
         fmt::format("Wan DiT: latents must be [B, {}, T, H, W], got [{}]", config.in_dim,
@@ -38,6 +39,16 @@ std::shared_ptr<const WanContext> wan_context(const WanConfig& config, const at:
   context->rope_sin = sin.to(latents.device());
   const int64_t length = context->grid.tokens();
   for (int64_t b = 0; b <= batch; ++b) context->self_cu.push_back(b * length);
+  if (cp && cp->enabled()) {
+    context->shard = parallel::context_row_shard(*cp, batch, length, /*causal=*/false);
+    context->self_attention = parallel::context_attention_plan(context->shard, context->self_cu);
+    const at::Tensor positions = context->shard.row_index.to(latents.device());
+    auto held = [&positions](const at::Tensor& table) {  // (L, 1, d/2) -> this rank's positions, padding 0
+      return at::cat({table, at::zeros_like(table.narrow(0, 0, 1))}).index_select(0, positions);
+    };
+    context->rope_cos = held(context->rope_cos);
+    context->rope_sin = held(context->rope_sin);
+  }
   return context;
 }
 
@@ -111,7 +122,9 @@ class PatchEmbeddingLayer : public WanLayer {
   explicit PatchEmbeddingLayer(const std::shared_ptr<WanPatchEmbedding>& module)
       : WanLayer("patch_embedding", module), module_(module) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
-    carry.set("hidden", module_->forward(wan(context).latents).to(at::kFloat));  // [B, L, C]
+    const WanContext& c = wan(context);
+    const at::Tensor hidden = module_->forward(c.latents).to(at::kFloat);  // [B, L, C]
+    carry.set("hidden", c.shard.enabled() ? c.shard.scatter_rows(hidden) : hidden);
     return carry;
   }
 
@@ -127,7 +140,8 @@ class BlockLayer : public WanLayer {
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const WanContext& c = wan(context);
     carry.set("hidden", block_->forward(carry.take("hidden"), carry.get("time_modulation"),
-                                        carry.get("context"), c.rope_cos, c.rope_sin, c.self_cu));
+                                        carry.get("context"), c.rope_cos, c.rope_sin, c.self_cu,
+                                        c.shard.enabled() ? &c.self_attention : nullptr));
     return carry;
   }
 

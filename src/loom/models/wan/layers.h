@@ -20,6 +20,7 @@
 #include "loom/core/layer.h"
 #include "loom/models/wan/config.h"
 #include "loom/models/wan/ops.h"
+#include "loom/parallel/context/shard.h"
 
 namespace loom::models {
 
@@ -34,13 +35,19 @@ struct WanContext : core::Context {
   WanGrid grid;          // the token grid (T / pt, H / ph, W / pw); L = grid.tokens()
   at::Tensor rope_cos, rope_sin;  // (L, 1, head_dim / 2) float32, from float64 angles
   std::vector<int64_t> self_cu;   // {0, L, 2L, ..., B L}: one self-attention segment per sample
+  // Context parallelism (shard.enabled()): this rank's positions of every sample's tokens (the rope
+  // tables are theirs), and how the self-attention runs over them.
+  parallel::ContextShard shard;
+  parallel::ContextAttention self_attention;
 };
 
 // The context of one micro-batch, checked against the config: latents [B, C_in, T, H, W] with T, H, W
 // multiples of the patch, timesteps [B], text [B, L_text <= text_len, text_dim] zero-padded here to
 // text_len rows. Tensors stay on the latents' device.
+// With a context-parallel group of more than one rank, the tokens are sharded over it (rows layout).
 std::shared_ptr<const WanContext> wan_context(const WanConfig& config, const at::Tensor& latents,
-                                              const at::Tensor& timesteps, const at::Tensor& text);
+                                              const at::Tensor& timesteps, const at::Tensor& text,
+                                              const parallel::ContextParallelGroup* cp = nullptr);
 
 // Per-prompt text features [L_i, text_dim] (trimmed to each prompt's length, L_i <= text_len) as one
 // [B, text_len, text_dim] tensor with zero rows past each prompt, as Wan pads them.

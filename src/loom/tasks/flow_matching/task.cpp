@@ -205,20 +205,28 @@ std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& vid
 
 at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tensor& text,
                                             const at::Tensor& sigma, const at::Tensor& noise,
-                                            const core::Stage& stage, core::Carry input,
-                                            core::Carry* output) const {
+                                            const core::Stage& stage, core::Carry input, core::Carry* output,
+                                            bool sharded) const {
   const auto& weight = model_->patch_embedding->weight;
   const at::Tensor s = sigma.to(at::kFloat);
   const at::Tensor xt = noised(x0, noise, s);
-  const auto context =
-      model_->context(xt.to(weight.scalar_type()), sigma * 1000.0, text.to(weight.scalar_type()));
+  const at::Tensor latents = xt.to(weight.scalar_type()), timesteps = sigma * 1000.0,
+                   words = text.to(weight.scalar_type());
+  const auto context = sharded ? model_->sharded_context(latents, timesteps, words)
+                               : model_->context(latents, timesteps, words);
   core::Carry carry = stage.forward(std::move(input), context);
   if (!stage.last) {
     *output = std::move(carry);
     return {};
   }
   const at::Tensor target = models::head_tokens(velocity_target(x0, noise), model_->config.patch_size);
-  return (carry.get("hidden").to(at::kFloat) - target).pow(2).sum();
+  const at::Tensor predicted = carry.get("hidden").to(at::kFloat);
+  if (!context->shard.enabled()) return (predicted - target).pow(2).sum();
+  // Context parallelism: this rank's positions of every sample, its padding left out.
+  const parallel::ContextShard& shard = context->shard;
+  const at::Tensor real =
+      (shard.row_index < target.size(1)).to(at::kFloat).to(target.device()).view({1, -1, 1});
+  return ((predicted - shard.scatter_rows(target)).pow(2) * real).sum();
 }
 
 core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
@@ -226,7 +234,8 @@ core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, con
   const auto& batch = static_cast<const FlowMicroBatch&>(micro);
   const auto [x0, text] = latents_and_text(batch);
   core::ForwardResult out;
-  out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output);
+  out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output,
+                                /*sharded=*/true);
   const int64_t batch_size = x0.size(0);
   const models::WanGrid grid = models::latent_grid(x0, model_->config.patch_size);
   out.samples = batch_size;
@@ -268,8 +277,8 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
     const auto [x0, text] =
         features_ ? std::pair{at::stack(latents), models::pad_text(features, model_->config.text_len)}
                   : encode(at::stack(videos), captions);
-    const at::Tensor error =
-        velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises), whole, {}, nullptr);
+    const at::Tensor error = velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises),
+                                            whole, {}, nullptr, false);
     sums[0] += error.item<double>();
     sums[1] += static_cast<double>(x0.numel());
   }

@@ -77,10 +77,11 @@ class FlowMatchingTask : public core::Task {
   // The latents x0 of the clips and their padded caption features, without gradients.
   std::pair<at::Tensor, at::Tensor> encode(const at::Tensor& video,
                                            const std::vector<std::string>& captions) const;
-  // The squared error of the velocity predicted through `stage`'s layers (all of them).
+  // The squared error of the velocity predicted through `stage`'s layers (all of them); `sharded`: a
+  // training pass, whose tokens are split over the context-parallel ranks (this rank's share of it).
   at::Tensor velocity_error(const at::Tensor& x0, const at::Tensor& text, const at::Tensor& sigma,
                             const at::Tensor& noise, const core::Stage& stage, core::Carry input,
-                            core::Carry* output) const;
+                            core::Carry* output, bool sharded) const;
 
   config::JobConfig job_;
   std::shared_ptr<models::WanModel> model_;
