@@ -146,13 +146,9 @@ ContextShard context_row_shard(const ContextParallelGroup& group, int64_t rows, 
     }
     return slots;
   });
-  // Every row's slots hold the same positions of it.
-  std::vector<int64_t> positions(static_cast<size_t>(per_row));
-  for (int64_t j = 0; j < per_row; ++j) {
-    const int64_t token = shard.local_index[j].item<int64_t>();
-    positions[static_cast<size_t>(j)] = token < shard.tokens ? token : length;
-  }
-  shard.row_index = at::tensor(positions, at::kLong);
+  // Every row's slots hold the same positions of it: row 0's tokens are those positions.
+  const at::Tensor first_row = shard.local_index.narrow(0, 0, per_row);
+  shard.row_index = at::where(first_row < shard.tokens, first_row, at::full_like(first_row, length));
   return shard;
 }
 

@@ -43,12 +43,11 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
                                   model.text.vocab_size, tokenizer.vocab_size()));
 }
 
-// Sum of next-token cross-entropy over labelled positions (labels aligned with inputs), from the
-// final hidden states. Under tensor parallelism the LM head gives this rank's slice of the
-// vocabulary and the loss is computed on the slices; otherwise, with fused kernels, the head and
-// the loss run chunk by chunk without the whole logits.
 // The cross entropy of the LM head's predictions from `predicting` (..., hidden) against `targets`
-// (one per prediction, flat), summed over the targets that are not ignored.
+// (one per prediction, flat), summed over the targets that are not ignored. Under tensor
+// parallelism the LM head gives this rank's slice of the vocabulary and the loss is computed on the
+// slices; otherwise, with fused kernels, the head and the loss run chunk by chunk without the whole
+// logits.
 at::Tensor prediction_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
                                const at::Tensor& predicting, const at::Tensor& targets) {
   const int64_t width = predicting.size(-1);
