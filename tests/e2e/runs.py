@@ -49,3 +49,22 @@ def shapes(path):
 def floats(path):
     """A raw little-endian float32 file (loom forward's outputs)."""
     return array.array("f", open(path, "rb").read())
+
+
+def compare(work, name, reference, n_steps, tensors_path, tolerance=1e-5, norms=True):
+    """Run `name` against run `reference` (directories under `work`): the same steps 1..n_steps, each
+    loss (and gradient norm, with `norms`) within `tolerance` relative, and the tensors of the file
+    `tensors_path` (under each run's directory) the same names, each element within `tolerance`.
+    Returns (the largest relative loss difference, the tensors' count, their largest difference)."""
+    one, run = steps(f"{work}/{reference}/metrics.jsonl"), steps(f"{work}/{name}/metrics.jsonl")
+    assert sorted(one) == sorted(run) == list(range(1, n_steps + 1)), (name, sorted(one), sorted(run))
+    loss = max(abs(run[s]["loss"] - one[s]["loss"]) / one[s]["loss"] for s in one)
+    assert loss <= tolerance, (name, loss)
+    if norms:
+        norm = max(abs(run[s]["grad_norm"] - one[s]["grad_norm"]) / one[s]["grad_norm"] for s in one)
+        assert norm <= tolerance, (name, norm)
+    theirs, mine = tensors(f"{work}/{reference}/{tensors_path}"), tensors(f"{work}/{name}/{tensors_path}")
+    assert sorted(mine) == sorted(theirs), name
+    diff = max(max(abs(a - b) for a, b in zip(theirs[k], mine[k])) for k in theirs)
+    assert diff <= tolerance, (name, diff)
+    return loss, len(theirs), diff

@@ -1,7 +1,7 @@
 # The built-in video job end to end, shrunk: the Wan VAE of configs/wan-moving-fashion-vae.yaml trains
 # a few steps, then the DiT of configs/wan-moving-fashion.yaml trains on its latents; each under one
 # process, data parallelism over two ranks, ZeRO-1 and FSDP (and the DiT under tensor, pipeline and
-# context parallelism over two ranks) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
+# context parallelism over two ranks, and cp 2 x pp 2 over four) and the DiT with full recompute (alone and with offload) and selective recompute, with the one-process losses (1e-5 relative: only the
 # summation order over ranks differs). The DiT's evaluation samples a held-out
 # caption into PNG frames, a GIF and an MP4, and loom generate makes the same clip for the same seed.
 source "$(dirname "$0")/lib.bash"
@@ -91,6 +91,9 @@ same_losses dit-cp2 dit
 train dit-cp2-ulysses 2 "${dit[@]}" --set parallel.cp=2 --set parallel.cp_ulysses=2 --set training.eval_videos=0 \
   --set tools.dump_gradients=4
 same_losses dit-cp2-ulysses dit
+# Under pp 2 each stage splits its blocks' tokens over a cp group of its own.
+train dit-cp2-pp2 4 "${dit[@]}" --set parallel.cp=2 --set parallel.pp=2 --set training.eval_videos=0
+same_losses dit-cp2-pp2 dit
 python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
 import sys
 work = sys.argv[1]
@@ -110,6 +113,12 @@ if "$LOOM" train "${vae[@]}" --set parallel.tp=2 --set training.output_dir="$WOR
   fail "the VAE accepted tp 2"
 fi
 grep -q "the Wan VAE trains under data parallelism, ZeRO-1 and FSDP only" "$WORK/err" || fail "$(cat "$WORK/err")"
+if "$LOOM" train "${dit[@]}" --set parallel.cp=2 --set parallel.dynamic_cp=true --set parallel.dynamic_cp_tokens=64 \
+    --set training.output_dir="$WORK/x" 2> "$WORK/err"; then
+  fail "the DiT accepted parallel.dynamic_cp"
+fi
+grep -q "parallel.dynamic_cp: the Wan DiT's samples all hold one number of tokens, so one degree fits every step" \
+  "$WORK/err" || fail "$(cat "$WORK/err")"
 
 # loom generate: the evaluation's clip again from its caption and seed (the job's settings), byte for byte.
 read -r caption seed < <(python3 -c 'import json, sys; s = json.load(open(sys.argv[1]))[0]; print(s["caption"].replace(" ", "_"), s["seed"])' "$samples/captions.json")

@@ -189,6 +189,12 @@ struct ParallelSection {
   // all-to-all trades tokens for heads) and rings across them (ring attention): 1 is a ring of cp
   // ranks, cp is Ulysses alone, between is their hybrid.
   int64_t cp_ulysses = 1;
+  // Dynamic context parallelism: each step runs at the smallest degree d dividing cp whose d ranks hold its
+  // longest sample within dynamic_cp_tokens tokens each (and that gives every group of d ranks a sample);
+  // the dp x cp ranks form dp x cp / d groups, each taking its share of the step's samples. Ulysses
+  // runs over gcd(d, cp_ulysses) ranks of a group, the ring across them.
+  bool dynamic_cp = false;
+  int64_t dynamic_cp_tokens = 0;  // >= 1 with dynamic_cp
   bool sequence_parallel = false;
   int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
   int64_t zero = 0;         // 0, 1 or 3
@@ -214,6 +220,8 @@ struct ParallelSection {
     k("pipeline_schedule", &S::pipeline_schedule, one_of({"1f1b", "gpipe"}));
     k("cp", &S::cp, at_least(1));
     k("cp_ulysses", &S::cp_ulysses, at_least(1));
+    k("dynamic_cp", &S::dynamic_cp);
+    k("dynamic_cp_tokens", &S::dynamic_cp_tokens, at_least(0));
     k("ep", &S::ep, at_least(1));
     k("dp", &S::dp, integer_or_auto());
     k("sequence_parallel", &S::sequence_parallel);

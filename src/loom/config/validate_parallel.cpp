@@ -79,11 +79,16 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
                       "(llm {}, its key/value heads {}, vision {}) evenly over the Ulysses ranks",
                       u, heads, kv, vision));
   }
-  if (p.cp > 1 && p.pp > 1)
-    fail(fmt::format(
-        "parallel.cp={} with parallel.pp={}: context parallelism under pipeline parallelism is not "
-        "available in this version of Loom",
-        p.cp, p.pp));
+  if (p.dynamic_cp && p.cp == 1)
+    fail("parallel.dynamic_cp=true needs parallel.cp > 1 (the largest degree a step may run at)");
+  if (p.dynamic_cp && p.dynamic_cp_tokens < 1)
+    fail(
+        "parallel.dynamic_cp=true needs parallel.dynamic_cp_tokens >= 1 (the most tokens of one sample a "
+        "rank "
+        "holds: each step's degree is the smallest whose ranks hold its longest sample within it)");
+  if (!p.dynamic_cp && p.dynamic_cp_tokens != 0)
+    fail(fmt::format("parallel.dynamic_cp_tokens={}: only read with parallel.dynamic_cp=true",
+                     p.dynamic_cp_tokens));
   const int64_t blocks = dims.blocks > 0 ? dims.blocks : dims.llm_layers;
   if (p.pp * p.virtual_stages > blocks)
     fail(

@@ -26,12 +26,20 @@ struct Layout {
   bool is_main() const { return !world || world->rank() == 0; }
   // This rank's place in `data` (dp x cp), for work dealt to every rank alike (evaluation).
   int64_t data_rank() const { return data ? data->rank() : 0; }
-  // The training data's share this rank reads, of data_parallel: the ranks of a cp group read the
-  // same samples and split their tokens.
-  int64_t data_shard() const { return data_rank() / context_parallel; }
-  // Whether this rank counts what a step's data holds (samples, tokens, the loss's count): one rank
-  // of each cp group, the others holding parts of the same samples.
-  bool counts_data() const { return !cp || cp->rank() == 0; }
+  // The training data's share this rank reads, of data_shards(degree), when each sample's tokens are
+  // split over `degree` consecutive ranks of a cp group (0: all of them, the job's cp; dynamic context
+  // parallelism picks a divisor of it per step): those ranks read the same samples.
+  int64_t data_shard(int64_t degree = 0) const {
+    return data_rank() / (degree > 0 ? degree : context_parallel);
+  }
+  int64_t data_shards(int64_t degree = 0) const {
+    return data_parallel * context_parallel / (degree > 0 ? degree : context_parallel);
+  }
+  // Whether this rank counts what a step's data holds (samples, tokens, the loss's count) at that
+  // degree: the first of the ranks that share its samples.
+  bool counts_data(int64_t degree = 0) const {
+    return !cp || cp->rank() % (degree > 0 ? degree : context_parallel) == 0;
+  }
 };
 
 // Forms the job's groups over `world` (null: one process); ConfigError when the layout does not

@@ -27,6 +27,9 @@ class MicroBatch {
 struct StepData {
   std::vector<std::shared_ptr<const MicroBatch>> micro_batches;
   double loss_count = 0;  // this rank's share of what normalises the step's loss
+  // The context-parallel degree the step runs at, when the task picks it per step (dynamic context
+  // parallelism: Layout::counts_data's degree); 0: the job's parallel.cp.
+  int64_t context_parallel = 0;
   // This rank's share of the step's samples left out or cut: over data.max_seq_len (truncated or
   // dropped, as data.overlong says), and unusable ones skipped. The trainer sums them over the
   // data-parallel ranks; a task whose every rank reads the whole step reports its counts on data rank

@@ -80,6 +80,16 @@ std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCo
   return assigned;
 }
 
+int64_t context_degree(const std::vector<int64_t>& lengths, int64_t data_parallel, int64_t cp,
+                       int64_t budget) {
+  const int64_t longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+  if (longest > cp * budget) return 0;
+  const int64_t samples = static_cast<int64_t>(lengths.size());
+  for (int64_t d = 1; d < cp; ++d)
+    if (cp % d == 0 && longest <= d * budget && samples >= data_parallel * cp / d) return d;
+  return cp;
+}
+
 std::vector<Batch> rank_micro_batches(std::vector<TokenizedExample> step_samples,
                                       const MicroBatching& options) {
   if (options.ranks < 1 || options.rank < 0 || options.rank >= options.ranks)

@@ -30,6 +30,13 @@ bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision
 // Every rank's item indices come back in increasing order. Deterministic.
 std::vector<std::vector<size_t>> balance_across_ranks(const std::vector<SampleCost>& costs, int64_t ranks);
 
+// Dynamic context parallelism's degree for a step whose samples hold `lengths` tokens, over
+// data_parallel x cp ranks: the smallest divisor d of cp whose d ranks hold the longest sample within
+// `budget` tokens each and whose data_parallel x cp / d groups of d ranks each get a sample (cp when
+// none does); 0 when cp ranks cannot hold the longest within the budget.
+int64_t context_degree(const std::vector<int64_t>& lengths, int64_t data_parallel, int64_t cp,
+                       int64_t budget);
+
 struct MicroBatching {
   int64_t micro_batch_size = 1;  // samples per micro-batch
   bool packing = false;          // pack() each micro-batch instead of collate()

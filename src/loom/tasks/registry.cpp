@@ -39,14 +39,15 @@ BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm>
   parallel::ParamOptions options;
   options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   options.tp = {layout.tp, job.parallel.sequence_parallel};
-  options.cp = parallel::context_parallel_group(layout.cp, job.parallel.cp_ulysses);
+  auto context_parallel =
+      parallel::context_parallel_degrees(layout.cp, job.parallel.cp_ulysses, job.parallel.dynamic_cp);
   std::optional<parallel::TensorParallelGroup> vision_tp;
   if (job.parallel.vision_tp == 1) vision_tp = parallel::TensorParallelGroup{};
   auto model = models::build_model(config, options, vision_tp);
   models::init_parameters(*model, static_cast<uint64_t>(t.seed));
   if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
   BuiltJob built;
-  built.task = std::make_shared<VlmSftTask>(job, model, layout);
+  built.task = std::make_shared<VlmSftTask>(job, model, layout, std::move(context_parallel));
   built.model = std::move(model);
   built.layout = std::move(layout);
   return built;
@@ -66,6 +67,11 @@ void check_wan_layout(const config::JobConfig& job, const char* what, int64_t wo
         "pp {}, cp {}, ep {}",
         what, dit ? ", tensor, pipeline and context parallelism" : "", dit ? "" : "pp, cp, ",
         dit ? "" : ", tp 1", p.tp, p.pp, p.cp, p.ep));
+  if (p.dynamic_cp)
+    throw ConfigError(
+        fmt::format("parallel.dynamic_cp: {}'s samples all hold one number of tokens, so one degree fits "
+                    "every step (remove it, and set parallel.cp)",
+                    what));
   if (p.sequence_parallel)
     throw ConfigError(
         fmt::format("parallel.sequence_parallel: {} keeps whole sequences on every tensor-parallel "

@@ -183,7 +183,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   // known before the first backward, so the gradient does not depend on how the batch is split
   // into micro-batches or over data-parallel ranks.
   // The ranks of a cp group hold parts of the same samples: one of them counts them.
-  const double samples_counted = parts_.layout.counts_data() ? 1.0 : 0.0;
+  const double samples_counted = parts_.layout.counts_data(step.context_parallel) ? 1.0 : 0.0;
   const auto [passes, count] =
       sync.passes_and_total(step.micro_batches.size(), samples_counted * step.loss_count);
   if (count == 0)
@@ -362,18 +362,21 @@ std::optional<core::Evaluation> Trainer::train() {
     total_pipeline_wait += stats.receive_wait_s;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
     const double step_mfu = mfu(stats.flops, seconds);
-    if (metrics)
-      metrics->write({{"step", step_},
-                      {"loss", stats.loss},
-                      {"lr", lr},
-                      {"grad_norm", stats.grad_norm},
-                      {"tokens_per_s", tokens_per_s},
-                      {"samples_per_s", samples_per_s},
-                      {"mfu", step_mfu},
-                      {"step_time_s", seconds},
-                      {"data_wait_s", data_wait},
-                      {"grad_sync_s", stats.grad_sync_s},
-                      {"skipped_nonfinite", skipped_nonfinite_}});
+    if (metrics) {
+      nlohmann::json record = {{"step", step_},
+                               {"loss", stats.loss},
+                               {"lr", lr},
+                               {"grad_norm", stats.grad_norm},
+                               {"tokens_per_s", tokens_per_s},
+                               {"samples_per_s", samples_per_s},
+                               {"mfu", step_mfu},
+                               {"step_time_s", seconds},
+                               {"data_wait_s", data_wait},
+                               {"grad_sync_s", stats.grad_sync_s},
+                               {"skipped_nonfinite", skipped_nonfinite_}};
+      if (step_data.context_parallel > 0) record["cp"] = step_data.context_parallel;  // picked per step
+      metrics->write(record);
+    }
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, step_mfu, seconds_since(start));
     const bool last = step_ == t.steps;
     if (t.eval_every > 0 && step_ % t.eval_every == 0 && !last) {

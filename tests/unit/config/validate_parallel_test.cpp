@@ -156,10 +156,7 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
       validate_parallel(job({"parallel.pp=2", "parallel.zero=1", "training.micro_batch_size=4"}), kTiny, 4));
   EXPECT_NO_THROW(
       validate_parallel(job({"parallel.pp=2", "parallel.zero=3", "training.micro_batch_size=4"}), kTiny, 4));
-  EXPECT_EQ(
-      error_of(job({"parallel.cp=2", "parallel.pp=2"}), kTiny, 4),
-      "job.yaml: parallel.cp=2 with parallel.pp=2: context parallelism under pipeline parallelism is not "
-      "available in this version of Loom");
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=2", "parallel.pp=2"}), kTiny, 4));
   EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),
             "job.yaml: parallel.ep=2: expert parallelism is not available in this version of Loom");
 }
@@ -183,6 +180,23 @@ TEST(ValidateParallel, ContextParallelDegrees) {
       "its key/value heads 2, vision 4) evenly over the Ulysses ranks");
   EXPECT_EQ(error_of(job({"parallel.cp=3"}), dims, 4),
             "job.yaml: parallel.dp=auto: world size 4 is not divisible by tp*cp*pp = 1*3*1 = 3");
+}
+
+// Dynamic context parallelism: cp is its largest degree and the per-rank token budget is required.
+TEST(ValidateParallel, DynamicContextParallel) {
+  const ModelDims dims{8, 2, 4, 256, 2};
+  EXPECT_NO_THROW(validate_parallel(
+      job({"parallel.cp=4", "parallel.dynamic_cp=true", "parallel.dynamic_cp_tokens=512"}), dims, 8));
+  EXPECT_EQ(
+      error_of(job({"parallel.dynamic_cp=true", "parallel.dynamic_cp_tokens=512"}), dims, 2),
+      "job.yaml: parallel.dynamic_cp=true needs parallel.cp > 1 (the largest degree a step may run at)");
+  EXPECT_EQ(
+      error_of(job({"parallel.cp=2", "parallel.dynamic_cp=true"}), dims, 2),
+      "job.yaml: parallel.dynamic_cp=true needs parallel.dynamic_cp_tokens >= 1 (the most tokens of one "
+      "sample a rank holds: each step's degree is the smallest whose ranks hold its longest sample "
+      "within it)");
+  EXPECT_EQ(error_of(job({"parallel.cp=2", "parallel.dynamic_cp_tokens=512"}), dims, 2),
+            "job.yaml: parallel.dynamic_cp_tokens=512: only read with parallel.dynamic_cp=true");
 }
 
 TEST(ValidateParallel, BadInputs) {

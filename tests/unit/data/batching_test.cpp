@@ -151,6 +151,21 @@ TEST(TruncateExample, CutsTextAndNeverSplitsAnImage) {
   EXPECT_TRUE(first.images.empty());
 }
 
+// The smallest divisor of cp whose ranks hold the longest sample within the budget each and whose
+// groups each get a sample; 0 when cp ranks cannot.
+TEST(ContextDegree, SmallestDivisorThatHoldsTheLongestSample) {
+  const std::vector<int64_t> short_step(8, 100), mixed = {100, 90, 300, 80, 70, 60, 50, 40};
+  EXPECT_EQ(context_degree(short_step, 1, 4, 100), 1);       // pure data parallelism over 4 ranks
+  EXPECT_EQ(context_degree(mixed, 1, 4, 100), 4);            // 300 tokens need 3 ranks: the divisor 4
+  EXPECT_EQ(context_degree(mixed, 1, 4, 150), 2);            // 2 x 150
+  EXPECT_EQ(context_degree(mixed, 1, 6, 100), 3);            // 3 divides 6
+  EXPECT_EQ(context_degree(mixed, 1, 4, 74), 0);             // 4 x 74 < 300
+  EXPECT_EQ(context_degree(mixed, 1, 4, 75), 4);             // exactly 4 x 75
+  EXPECT_EQ(context_degree({100, 100}, 1, 4, 100), 2);       // 4 groups of one rank would leave two empty
+  EXPECT_EQ(context_degree({100, 100, 100}, 2, 4, 100), 4);  // dp 2 x 4: at 2, four groups for 3 samples
+  EXPECT_EQ(context_degree({100}, 2, 4, 100), 4);            // never above cp: the step's dealing refuses it
+}
+
 TEST(BalanceAcrossRanks, UnevenCountsAfterDrops) {
   const std::vector<SampleCost> costs = {{5, 0}, {9, 0}, {3, 0}, {7, 0}, {6, 0}};
   const auto split = balance_across_ranks(costs, 2);

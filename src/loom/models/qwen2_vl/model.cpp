@@ -100,7 +100,7 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
 Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
     const Qwen2VLConfig& c, const parallel::ParamOptions& options,
     const std::optional<parallel::TensorParallelGroup>& vision_tp)
-    : config(c), context_parallel(options.cp) {
+    : config(c) {
   parallel::ParamOptions vision_options = options;
   if (vision_tp) vision_options.tp = *vision_tp;
   visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, vision_options));
@@ -120,8 +120,8 @@ std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
 }
 
 std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::sharded_context(
-    const VisionLanguageInputs& inputs) const {
-  return qwen2vl_context(inputs, config, visual->tp, model->tp, nullptr, &context_parallel);
+    const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const {
+  return qwen2vl_context(inputs, config, visual->tp, model->tp, nullptr, &cp);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,

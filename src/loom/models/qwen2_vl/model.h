@@ -52,10 +52,11 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   // The context the layers read for `inputs` (layers.h), decoding over `cache` when given.
   std::shared_ptr<const Qwen2VLContext> context(const VisionLanguageInputs& inputs,
                                                 KVCache* cache = nullptr) const;
-  // The context of a training pass: under context parallelism (options.cp) each rank's layers see
+  // The context of a training pass: under context parallelism (`cp` enabled) each rank's layers see
   // its shard of the vision rows and of the text tokens, and the last layer's hidden states are
   // this rank's tokens (the context's text_shard.scatter gives their labels); otherwise context(inputs).
-  std::shared_ptr<const Qwen2VLContext> sharded_context(const VisionLanguageInputs& inputs) const;
+  std::shared_ptr<const Qwen2VLContext> sharded_context(const VisionLanguageInputs& inputs,
+                                                        const parallel::ContextParallelGroup& cp) const;
   // Vision embeddings after the merger: (patches/4, hidden); (0, hidden) without patches.
   at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
   // Final hidden states (B, L, hidden) after the last norm: every layer, run directly.
@@ -84,7 +85,6 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   std::shared_ptr<TextModel> model;
   std::shared_ptr<parallel::ColumnParallelLinear> lm_head;  // null when tied to embed_tokens
   Qwen2VLConfig config;
-  parallel::ContextParallelGroup context_parallel;
 
  private:
   core::Layers layers_;

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <numeric>
 
 #include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
@@ -49,6 +50,25 @@ ContextParallelGroup context_parallel_group(std::shared_ptr<dist::Comm> cp, int6
   else if (group.ring_size > 1)
     group.ring = cp->subgroup(fmt::format("ring.{}", group.ulysses_rank), ring_members);
   return group;
+}
+
+std::map<int64_t, ContextParallelGroup> context_parallel_degrees(std::shared_ptr<dist::Comm> cp,
+                                                                 int64_t ulysses, bool every_divisor) {
+  const int64_t size = cp ? cp->size() : 1;
+  std::map<int64_t, ContextParallelGroup> groups;
+  groups.emplace(size, context_parallel_group(cp, ulysses));
+  for (int64_t d = 1; every_divisor && d < size; ++d) {
+    if (size % d != 0) continue;
+    std::shared_ptr<dist::Comm> comm;
+    if (d > 1) {
+      const int64_t group = cp->rank() / d;
+      std::vector<int64_t> members(static_cast<size_t>(d));
+      std::iota(members.begin(), members.end(), group * d);
+      comm = cp->subgroup(fmt::format("degree{}.{}", d, group), members);
+    }
+    groups.emplace(d, context_parallel_group(std::move(comm), std::gcd(d, ulysses)));
+  }
+  return groups;
 }
 
 std::vector<std::pair<int64_t, int64_t>> ContextShard::held(size_t i, int64_t r) const {

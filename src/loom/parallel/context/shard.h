@@ -12,6 +12,7 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <map>
 #include <memory>
 #include <vector>
 
@@ -36,6 +37,13 @@ struct ContextParallelGroup {
 // `cp` (null: a degree of 1) split into Ulysses groups of `ulysses` consecutive ranks and ring
 // groups across them. Every rank of cp calls it alike. ConfigError unless ulysses divides cp's size.
 ContextParallelGroup context_parallel_group(std::shared_ptr<dist::Comm> cp, int64_t ulysses);
+
+// The groups of every degree a job's steps run at, by degree: cp's whole group alone, or with
+// `every_divisor` (dynamic context parallelism) also one for each divisor d of its size, of d
+// consecutive cp ranks with Ulysses over gcd(d, ulysses) of them and rings across (a degree of 1: no
+// group). Formed once; every rank of cp calls it alike.
+std::map<int64_t, ContextParallelGroup> context_parallel_degrees(std::shared_ptr<dist::Comm> cp,
+                                                                 int64_t ulysses, bool every_divisor);
 
 struct ContextShard {
   struct Sequence {

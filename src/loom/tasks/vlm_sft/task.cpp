@@ -102,11 +102,14 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
 
 VlmSftTask::VlmSftTask(const config::JobConfig& job,
                        std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
-                       const core::Layout& layout)
+                       const core::Layout& layout,
+                       std::map<int64_t, parallel::ContextParallelGroup> context_parallel)
     : data_section_(job.data),
       init_from_(job.model.init_from),
       global_batch_(job.training.global_batch_size),
       micro_batch_(job.training.micro_batch_size),
+      dynamic_cp_tokens_(job.parallel.dynamic_cp ? job.parallel.dynamic_cp_tokens : 0),
+      context_parallel_(std::move(context_parallel)),
       model_(std::move(model)),
       layout_(layout) {
   const auto& config = model_->config;
@@ -119,8 +122,7 @@ VlmSftTask::VlmSftTask(const config::JobConfig& job,
   check_token_ids(config, data_->tokenizer());
 }
 
-std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::MicroBatching& batching,
-                                                   core::StepData* counts) const {
+std::vector<data::TokenizedExample> VlmSftTask::step_samples(int64_t step, core::StepData* counts) const {
   auto samples = data_->train_examples(step * global_batch_, (step + 1) * global_batch_);
   if (samples.examples.empty())
     throw DataError(fmt::format(
@@ -131,7 +133,21 @@ std::vector<data::Batch> VlmSftTask::micro_batches(int64_t step, const data::Mic
     counts->dropped = samples.dropped;
     counts->skipped = samples.skipped;
   }
-  return data::rank_micro_batches(std::move(samples.examples), batching);
+  return std::move(samples.examples);
+}
+
+int64_t VlmSftTask::dynamic_degree(int64_t step, const std::vector<data::TokenizedExample>& samples) const {
+  std::vector<int64_t> lengths;
+  for (const data::TokenizedExample& sample : samples) lengths.push_back(data::cost_of(sample).tokens);
+  const int64_t cp = layout_.context_parallel;
+  const int64_t degree = data::context_degree(lengths, layout_.data_parallel, cp, dynamic_cp_tokens_);
+  if (degree > 0) return degree;
+  const auto longest = std::max_element(lengths.begin(), lengths.end());
+  throw DataError(
+      fmt::format("step {}: sample {} of its {} holds {} tokens, more than parallel.cp={} ranks hold at "
+                  "parallel.dynamic_cp_tokens={} each ({} tokens); raise either, or lower data.max_seq_len",
+                  step + 1, longest - lengths.begin() + 1, lengths.size(), *longest, cp, dynamic_cp_tokens_,
+                  cp * dynamic_cp_tokens_));
 }
 
 void VlmSftTask::save_artifacts(const std::string& dir) const {
@@ -152,14 +168,19 @@ void VlmSftTask::save_artifacts(const std::string& dir) const {
 }
 
 core::StepData VlmSftTask::step_data(int64_t step) const {
-  // Every rank reads the step's samples and keeps its balanced share (balance_across_ranks).
-  const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()),
-                                     layout_.data_shard(), layout_.data_parallel};
   core::StepData out;
-  for (data::Batch& batch : micro_batches(step, batching, &out)) {
+  std::vector<data::TokenizedExample> samples = step_samples(step, &out);
+  // Every rank reads the step's samples, so every rank picks the same degree, and keeps the balanced
+  // share (balance_across_ranks) of the ranks that split its samples' tokens.
+  const int64_t degree = dynamic_cp_tokens_ > 0 ? dynamic_degree(step, samples) : 0;
+  out.context_parallel = degree;
+  const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()),
+                                     layout_.data_shard(degree), layout_.data_shards(degree)};
+  for (data::Batch& batch : data::rank_micro_batches(std::move(samples), batching)) {
     out.loss_count += static_cast<double>(batch.num_target_tokens);
     auto micro = std::make_shared<VlmMicroBatch>();
     micro->batch = std::move(batch);
+    micro->context_parallel = degree;
     out.micro_batches.push_back(std::move(micro));
   }
   return out;
@@ -168,7 +189,7 @@ core::StepData VlmSftTask::step_data(int64_t step) const {
 std::vector<data::Batch> VlmSftTask::whole_step(int64_t step) const {
   const data::MicroBatching batching{micro_batch_, data_section_.packing, padding_id(data_->tokenizer()), 0,
                                      1};
-  return micro_batches(step, batching, nullptr);
+  return data::rank_micro_batches(step_samples(step, nullptr), batching);
 }
 
 std::vector<std::pair<std::string, at::Tensor>> VlmSftTask::export_step(int64_t step) const {
@@ -195,9 +216,12 @@ std::vector<std::pair<std::string, at::Tensor>> VlmSftTask::export_step(int64_t 
 
 core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
                                         core::Carry input) {
-  const data::Batch& batch = static_cast<const VlmMicroBatch&>(micro).batch;
+  const auto& vlm = static_cast<const VlmMicroBatch&>(micro);
+  const data::Batch& batch = vlm.batch;
   core::ForwardResult out;
-  const auto context = model_->sharded_context(model_inputs(batch));
+  const auto context = model_->sharded_context(
+      model_inputs(batch),
+      context_parallel_.at(vlm.context_parallel > 0 ? vlm.context_parallel : layout_.context_parallel));
   core::Carry carry = stage.forward(std::move(input), context);
   if (stage.last && context->text_shard.enabled())
     out.loss_sum = sharded_token_loss_sum(*model_, carry.get("hidden"), batch.labels, context->text_shard);

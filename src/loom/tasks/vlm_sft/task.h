@@ -20,6 +20,7 @@ namespace loom::tasks {
 // One micro-batch of token rows with their images.
 struct VlmMicroBatch : core::MicroBatch {
   data::Batch batch;
+  int64_t context_parallel = 0;  // the degree its tokens are split over (0: the job's parallel.cp)
 };
 
 // A collated or packed batch as the model's inputs.
@@ -28,9 +29,10 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch);
 class VlmSftTask : public core::Task {
  public:
   // Reads the job's data (ConfigError when the model's special token ids are not the tokenizer's)
-  // for `model`, shared out over layout.data.
+  // for `model`, shared out over layout.data; a training pass splits each sample's tokens over the
+  // group of `context_parallel` (parallel::context_parallel_degrees) at its step's degree.
   VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
-             const core::Layout& layout);
+             const core::Layout& layout, std::map<int64_t, parallel::ContextParallelGroup> context_parallel);
 
   core::StepData step_data(int64_t step) const override;
   std::string loss_count_name() const override { return "target tokens"; }
@@ -54,13 +56,17 @@ class VlmSftTask : public core::Task {
   // The held-out loss by question type: the sum of the answer tokens' cross-entropy and their count
   // (the training loss's formula), over every rank's share of the held-out set (a collective).
   std::map<std::string, std::pair<double, int64_t>> held_out_loss() const;
-  // This rank's micro-batches of a step, with its sample counts.
-  std::vector<data::Batch> micro_batches(int64_t step, const data::MicroBatching& batching,
-                                         core::StepData* counts) const;
+  // A step's usable samples (DataError when none is), with their counts on data rank 0.
+  std::vector<data::TokenizedExample> step_samples(int64_t step, core::StepData* counts) const;
+  // Dynamic context parallelism: the degree step `step` of `samples` runs at (DataError when even
+  // parallel.cp ranks cannot hold its longest sample within parallel.dynamic_cp_tokens each).
+  int64_t dynamic_degree(int64_t step, const std::vector<data::TokenizedExample>& samples) const;
 
   config::DataSection data_section_;
   std::string init_from_;
   int64_t global_batch_ = 0, micro_batch_ = 0;
+  int64_t dynamic_cp_tokens_ = 0;  // > 0: parallel.dynamic_cp
+  std::map<int64_t, parallel::ContextParallelGroup> context_parallel_;
   std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
   core::Layout layout_;  // the data-parallel group shares out the steps and the held-out set
   std::unique_ptr<JobData> data_;
