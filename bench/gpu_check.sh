@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # One-shot check of Loom against a CUDA build of PyTorch 2.x, for the GPU device machine: it builds
-# Loom (Release, Ninja, all cores) against the libtorch inside python3's torch package and runs the
-# unit tests (the CUDA kernels' among them, on the GPU), the CUDA kernel benchmarks, then
-# e2e.data_parallel (the only test of dist::Comm over Gloo) when time allows.
+# Loom (Release, Ninja, all cores) against the libtorch inside python3's torch package (NCCL from
+# the nvidia-nccl package beside it), trains 20 steps of the shapes job on the GPU in fp32 and
+# compares the losses with the same steps on the CPU, times `loom bench` of a Qwen2-VL-7B-shaped
+# stack and of the Wan DiT in bf16 on the GPU (tokens/s, MFU, the caching allocator's peaks), runs
+# the unit tests (the CUDA kernels' on the GPU) and the CUDA kernel benchmarks, then
+# e2e.data_parallel (dist::Comm over Gloo) when time allows.
 #
 # That machine has no network and none of Loom's Debian -dev packages, so they travel as Debian 12
 # .deb files in the git-ignored folder .gpu/debs/ and are unpacked with `dpkg -x` into a private
@@ -161,6 +164,10 @@ export LIBRARY_PATH=$L${LIBRARY_PATH:+:$LIBRARY_PATH}  # Loom links re2 and turb
 export PKG_CONFIG_PATH=$L/pkgconfig:$P/usr/share/pkgconfig
 cuda_args=(-DCMAKE_CUDA_ARCHITECTURES=90)
 [ -n "${CUDA_HOME:-}" ] && cuda_args+=(-DCUDAToolkit_ROOT="$CUDA_HOME")
+# NCCL's header and library come with PyTorch's wheel as the nvidia-nccl package.
+nccl_root=${LOOM_NCCL_ROOT:-$(python3 -c 'import nvidia.nccl as m; print(list(m.__path__)[0])' 2>/dev/null)}
+[ -n "$nccl_root" ] && cuda_args+=(-DLOOM_NCCL_ROOT="$nccl_root")
+log "NCCL: ${nccl_root:-none (no nvidia.nccl package)}"
 rm -rf "$B"
 t=$(date +%s)
 cmake -S . -B "$B" -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -178,7 +185,7 @@ if [ "${PIPESTATUS[0]}" -ne 0 ]; then
 fi
 grep -E "^(yaml-cpp|fmt|spdlog|GTest|benchmark|nlohmann_json|CLI11|Torch)_DIR|^(PNG_LIBRARY_RELEASE|ZLIB_LIBRARY_RELEASE|PNG_PNG_INCLUDE_DIR):" \
   "$B/CMakeCache.txt" | sed 's/^/  /'
-note "configure: OK in $(($(date +%s) - t)) s; $(grep -m1 -o "Loom CUDA kernels: [A-Z]*" "$OUT/configure.log")"
+note "configure: OK in $(($(date +%s) - t)) s; $(grep -m1 -o "Loom CUDA kernels: [A-Z]*" "$OUT/configure.log"); $(grep -m1 -o "Loom CUDA jobs: .*" "$OUT/configure.log")"
 python3 - "$B/compile_commands.json" <<'PY'
 import json, sys
 for e in json.load(open(sys.argv[1])):
@@ -219,6 +226,83 @@ fi
 warnings=$(grep -c "warning:" "$OUT/build.log")
 log "compiler warnings: $warnings"
 [ "$warnings" -gt 0 ] && grep "warning:" "$OUT/build.log" | sed 's/.*warning: //' | sort | uniq -c | sort -rn | awk 'NR <= 8'
+
+# Training on the GPU: the shapes job's first 20 steps in fp32 (TF32 off), on the CPU and on the GPU
+# from the same initial weights and data; the losses must agree to 1e-4 relative. Then loom bench
+# of the 7B-shaped stack and of the Wan DiT in bf16 on the GPU.
+section "training on the GPU"
+W=$OUT/runs
+mkdir -p "$W"
+budget() {  # the seconds a step may take: at most $1, and 60 s kept for the rest of the check
+  local left=$((DEADLINE - $(elapsed) - 60))
+  [ "$left" -lt "$1" ] && set -- "$left"
+  [ "$1" -lt 15 ] && set -- 15
+  echo "$1"
+}
+shapes_run() {  # device, seconds
+  timeout "$(budget "$2")" "$B/loom" train configs/shapes-qwen2vl-tiny.yaml --set training.device="$1" --set training.steps=20 \
+    --set training.output_dir="$W/shapes-$1" --set training.resume=none --set training.save_every=0 \
+    --set training.eval_every=0 --set data.eval_samples=16 --set tools.log_every=5 >"$OUT/train-$1.log" 2>&1
+}
+# loom bench's last line is its JSON report.
+bench_run() {  # name, config, seconds, steps, more --set arguments...
+  local name=$1 config=$2 seconds=$3 steps=$4 rc line
+  shift 4
+  timeout "$(budget "$seconds")" "$B/loom" bench "$config" --steps "$steps" --warmup 2 --set training.device=cuda \
+    --set training.output_dir="$W/bench-$name" "$@" >"$OUT/bench-$name.log" 2>&1
+  rc=$?
+  python3 - "$OUT/bench-$name.log" >"$OUT/bench-$name.line" 2>&1 <<'PY'
+import json, sys
+lines = [l for l in open(sys.argv[1]) if l.startswith("{")]
+r = json.loads(lines[-1])
+m = r.get("device_memory", {})
+print(f"{r['device']}: {r['tokens_per_s']:,.0f} tokens/s, MFU {100 * r['mfu']:.1f}% of "
+      f"{r['sgemm_gflops'] / 1000:.0f} TFLOP/s, step {r['step_time_median_s'] * 1000:.0f} ms, peak allocated "
+      f"{m.get('peak_allocated_mib', 0) / 1024:.1f} GiB, reserved {m.get('peak_reserved_mib', 0) / 1024:.1f} GiB")
+PY
+  line=$(cat "$OUT/bench-$name.line")
+  if [ "$rc" -eq 0 ]; then
+    note "bench $name: $line"
+  else
+    STATUS=1
+    note "FAIL: bench $name (exit $rc; 124 = timed out): $(grep -E "error|what" "$OUT/bench-$name.log" | tail -2)"
+  fi
+}
+if [ ! -x "$B/loom" ]; then
+  STATUS=1
+  note "FAIL: GPU training: no loom binary"
+else
+  t=$(date +%s)
+  shapes_run cpu 90
+  cpu_rc=$?
+  shapes_run cuda 90
+  cuda_rc=$?
+  tail -4 "$OUT/train-cuda.log"
+  python3 - "$W/shapes-cpu/metrics.jsonl" "$W/shapes-cuda/metrics.jsonl" >"$OUT/train-compare.txt" 2>&1 <<'PY'
+import json, sys
+def losses(path):
+    return [(r["step"], r["loss"]) for r in map(json.loads, open(path)) if "lr" in r]
+cpu, gpu = losses(sys.argv[1]), losses(sys.argv[2])
+if len(cpu) != 20 or [s for s, _ in cpu] != [s for s, _ in gpu]:
+    print(f"FAIL: {len(cpu)} CPU and {len(gpu)} GPU steps"); sys.exit(1)
+worst = max(abs(a - b) / max(abs(a), 1e-12) for (_, a), (_, b) in zip(cpu, gpu))
+print(f"{'OK' if worst <= 1e-4 else 'FAIL'}: 20 steps, max relative loss difference {worst:.2e} (bound 1e-4); "
+      f"step 1 {cpu[0][1]:.6f} / {gpu[0][1]:.6f}, step 20 {cpu[-1][1]:.6f} / {gpu[-1][1]:.6f} (cpu / gpu)")
+sys.exit(0 if worst <= 1e-4 else 1)
+PY
+  compare_rc=$?
+  compared=$(tail -1 "$OUT/train-compare.txt")
+  [ "$cpu_rc" -ne 0 ] && grep -E "error" "$OUT/train-cpu.log" | tail -3
+  [ "$cuda_rc" -ne 0 ] && grep -E "error|what|terminate" "$OUT/train-cuda.log" | tail -5
+  if [ "$cpu_rc" -eq 0 ] && [ "$cuda_rc" -eq 0 ] && [ "$compare_rc" -eq 0 ]; then
+    note "GPU training (shapes, fp32): $compared; $(($(date +%s) - t)) s"
+  else
+    STATUS=1
+    note "FAIL: GPU training (shapes, fp32): cpu exit $cpu_rc, cuda exit $cuda_rc; $compared"
+  fi
+  bench_run qwen2vl-7b-shaped configs/bench-qwen2vl-7b-shaped.yaml 120 6
+  bench_run wan-dit configs/bench-wan-100m.yaml 90 6 --set training.precision=bf16
+fi
 
 # Unit tests: every gtest case is one ctest test. The real Fashion-MNIST files (Debian's
 # dataset-fashion-mnist, 30 MB at /usr/share/datasets) are not on that machine: the tests that read

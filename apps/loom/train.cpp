@@ -13,6 +13,7 @@
 #include "commands.h"
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/config/config.h"
+#include "loom/core/device.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
 #include "loom/memory/counting_allocator.h"
@@ -38,11 +39,12 @@ int with_trainer(const JobArguments& arguments, const std::function<void(train::
   configure_logging(job.tools.log_level);
   const dist::LaunchEnv launch = dist::launch_env_from_process();
   use_threads(job.training.threads, launch.local_world_size);
+  const at::Device device = core::select_device(job.training, launch.local_rank);
   std::shared_ptr<dist::Comm> comm;
   if (launch.world_size > 1) {
     tasks::validate_layout(job, launch.world_size);
     comm = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s),
-                               std::chrono::seconds(job.parallel.heartbeat_timeout_s));
+                               std::chrono::seconds(job.parallel.heartbeat_timeout_s), device);
     if (launch.rank != 0) configure_logging("warn");  // rank 0 reports; the others only warn
   }
   train::Trainer trainer(job, comm);
@@ -77,6 +79,10 @@ nlohmann::json bench_json(const train::BenchResult& r) {
                         {"memory", memory},
                         {"time_s", r.total_s},
                         {"time_split", split}};
+  out["device"] = r.device;
+  if (r.device != "cpu")
+    out["device_memory"] = {{"peak_allocated_mib", mib(r.device_peak_allocated_bytes)},
+                            {"peak_reserved_mib", mib(r.device_peak_reserved_bytes)}};
   if (!r.pipeline.empty()) {
     // Each pipeline rank's idle share of its step time beside the schedule's bubble: (p - 1) / (v m + p - 1)
     // of a step for p ranks, v chunks each and m micro-batches, when every stage takes as long.
@@ -184,6 +190,7 @@ Command add_bench(CLI::App& loom) {
   struct Arguments {
     JobArguments job;
     int64_t steps = 20, warmup = 3;
+    std::string profile;
   };
   auto arguments = std::make_shared<Arguments>();
   auto* command = loom.add_subcommand(
@@ -192,12 +199,16 @@ Command add_bench(CLI::App& loom) {
   command->add_option("--set", arguments->job.overrides, kOverrideHelp);
   command->add_option("--steps", arguments->steps, "Timed steps (default 20)");
   command->add_option("--warmup", arguments->warmup, "Untimed steps first (default 3)");
+  command->add_option("--profile", arguments->profile,
+                      "Write a Chrome trace of the timed steps here (rank 0's): every operator's time, and "
+                      "on a GPU its kernels");
   return {command, [arguments] {
             // Every tensor this thread allocates from here on is counted, the model's included.
             memory::CountingAllocator::install();
             const memory::CountingAllocator::Scope counted;
             return with_trainer(arguments->job, [&arguments](train::Trainer& trainer, bool main_rank) {
-              const train::BenchResult r = trainer.bench(arguments->warmup, arguments->steps);
+              const train::BenchResult r =
+                  trainer.bench(arguments->warmup, arguments->steps, main_rank ? arguments->profile : "");
               if (main_rank) fmt::print("{}\n", bench_json(r).dump());
             });
           }};

@@ -4,14 +4,16 @@
 # for sense only: timings are machine-dependent and never asserted. The memory split: parameters,
 # gradients and optimizer state add up to the model state the log reports in bytes; activations
 # and the allocated peak are counted (nonzero, the peak above the parameters and optimizer state),
-# and full recompute leaves less than a fifth of the activations the plain run does.
+# and full recompute leaves less than a fifth of the activations the plain run does. --profile writes a
+# Chrome trace of the timed steps: operators with their times, inside Loom's step, forward, backward
+# and optimizer ranges.
 source "$(dirname "$0")/lib.bash"
 "$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 4 --warmup 1 \
   --set training.output_dir="$WORK/out" --set training.threads=2 > "$WORK/one.log" 2>&1 ||
   { cat "$WORK/one.log"; fail "loom bench"; }
 [ ! -e "$WORK/out" ] || fail "loom bench wrote to the output directory"
 "$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 2 --warmup 1 --set features.recompute=full \
-  --set training.output_dir="$WORK/out" --set training.threads=2 > "$WORK/full.log" 2>&1 ||
+  --set training.output_dir="$WORK/out" --set training.threads=2 --profile "$WORK/trace.json" > "$WORK/full.log" 2>&1 ||
   { cat "$WORK/full.log"; fail "loom bench with full recompute"; }
 "$LOOM" run -n 2 -- "$LOOM" bench "$SRC/configs/shapes-qwen2vl-tiny.yaml" --steps 3 --warmup 1 \
   --set training.micro_batch_size=32 --set training.output_dir="$WORK/out" > "$WORK/two.log" 2>&1 ||
@@ -39,8 +41,23 @@ for path, ranks in ((sys.argv[1], 1), (sys.argv[2], 2)):
     assert r["time_split"]["forward"]["s"] > 0 and r["time_split"]["backward"]["s"] > 0, r
     print(f"{ranks} rank(s): {r['tokens_per_s']:.0f} tokens/s, median step {r['step_time_median_s']*1e3:.0f} ms, "
           f"mfu {r['mfu']:.2f}, peak rss {r['peak_rss_mib']:.0f} MiB, memory {memory}")
+for path in sys.argv[1:]:
+    r = report(path)
+    assert r["device"] == "cpu" and "device_memory" not in r, r
 plain, full = report(sys.argv[1])["memory"], report(sys.argv[3])["memory"]
 assert full["activations_mib"] < 0.2 * plain["activations_mib"], (plain, full)
 print(f"activations: {plain['activations_mib']:.2f} MiB, with full recompute {full['activations_mib']:.2f} MiB")
 PY
-echo "bench: one JSON report per run, sensible fields, nothing written"
+python3 - "$WORK/trace.json" <<'PY'
+import json, sys
+trace = json.load(open(sys.argv[1]))
+events = trace["traceEvents"] if isinstance(trace, dict) else trace
+spans = [e for e in events if e.get("ph") == "X"]
+names = {e["name"] for e in spans}
+for want in ("step 2", "step 3", "forward", "backward", "optimizer", "aten::mm"):
+    assert want in names, (want, sorted(names)[:40])
+assert "step 1" not in names, "the warm-up step was profiled"
+assert all(e["dur"] >= 0 for e in spans) and sum(e["dur"] for e in spans if e["name"] == "aten::mm") > 0
+print(f"profile: {len(spans)} spans, {len(names)} names; the timed steps' ranges and operators")
+PY
+echo "bench: one JSON report per run, sensible fields, nothing written but the requested profile"

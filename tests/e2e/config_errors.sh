@@ -16,6 +16,13 @@ expect_error "parallel.tp=3" --set parallel.tp=3
 expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_id=9
 expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"
 expect_error "training.task=dpo: 'dpo' is not one of vlm_sft" --set training.task=dpo
+# A CUDA job on a build whose libtorch has no CUDA: one line, before anything is built.
+if ! ldd "$LOOM" | grep -q libtorch_cuda; then
+  expect_error "training.device=cuda: cuda needs Loom built against a CUDA libtorch; this build's libtorch is CPU-only" \
+    --set training.device=cuda
+fi
+expect_error "training.allow_tf32=true: applies to CUDA's matrix products; training.device is cpu" \
+  --set training.allow_tf32=true
 cat > "$WORK/bad.yaml" <<'YAML'
 model: {family: qwen2_vl, hf_config: /nonexistent/config.json}
 training: {steps: 1}

@@ -424,6 +424,15 @@ void check_rules(const SectionReader& r, const FeaturesSection& f) {
 
 void check_rules(const SectionReader& r, const TrainingSection& t) {
   using S = TrainingSection;
+#ifndef LOOM_TORCH_CUDA
+  if (t.device == "cuda")
+    r.fail(&S::device,
+           "cuda needs Loom built against a CUDA libtorch; this build's libtorch is CPU-only (README: "
+           "\"Training on GPUs\")");
+#endif
+  if (t.allow_tf32 && t.device != "cuda")
+    r.fail(&S::allow_tf32, fmt::format("applies to CUDA's matrix products; {} is {} (remove it)",
+                                       r.key_of(key::name_of(&S::device)), t.device));
   if (t.min_lr > t.lr)
     r.fail(&S::min_lr,
            fmt::format("must be <= {} ({}), got {}", r.key_of(key::name_of(&S::lr)), t.lr, t.min_lr));

@@ -272,6 +272,11 @@ struct TrainingSection {
   double adam_beta1 = 0.9, adam_beta2 = 0.999, adam_eps = 1e-8;
   double clip_grad = 1.0;          // 0 = off
   std::string precision = "fp32";  // fp32 | bf16
+  // Where the job trains: cpu, or cuda (each rank on the GPU of its local rank; a build against a
+  // CUDA libtorch). allow_tf32: CUDA's fp32 matrix products and convolutions on TF32 tensor cores
+  // (10-bit mantissas; off: fp32 jobs compute in full fp32, as on the CPU).
+  std::string device = "cpu";  // cpu | cuda
+  bool allow_tf32 = false;
   int64_t seed = 1234;
   // What the job trains: its step data, loss and evaluation. vlm_sft: chat-template supervised
   // fine-tuning of a vision-language model, evaluated by VQA exact match.
@@ -332,6 +337,8 @@ struct TrainingSection {
     k("adam_eps", &S::adam_eps, above(0.0));
     k("clip_grad", &S::clip_grad, at_least(0.0));
     k("precision", &S::precision, one_of({"fp32", "bf16"}));
+    k("device", &S::device, one_of({"cpu", "cuda"}));
+    k("allow_tf32", &S::allow_tf32);
     k("seed", &S::seed, at_least(0));
     // The task is a training key, not a top-level one: the file stays sections only, so it is
     // `training.task` in messages and --set like every key, and it is what training optimises

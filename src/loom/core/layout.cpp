@@ -1,5 +1,7 @@
 #include "loom/core/layout.h"
 
+#include "loom/core/device.h"
+
 namespace loom::core {
 
 Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
@@ -7,6 +9,7 @@ Layout make_layout(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   const int64_t size = world ? world->size() : 1;
   layout.data_parallel = config::data_parallel_size(job.parallel, size);
   layout.context_parallel = job.parallel.cp;
+  layout.device = job_device(job.training);
   if (!world) return layout;
   const auto& p = job.parallel;
   layout.world = std::move(world);

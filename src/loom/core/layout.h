@@ -4,6 +4,8 @@
 // layers; pipeline parallelism cuts the layer list into stages (every rank of a pipeline reads the same
 // data).
 #pragma once
+#include <c10/core/Device.h>
+
 #include <cstdint>
 #include <memory>
 
@@ -22,6 +24,7 @@ struct Layout {
   std::shared_ptr<dist::Comm> cp;               // with world and cp > 1
   int64_t data_parallel = 1;                    // dp
   int64_t context_parallel = 1;                 // cp
+  at::Device device = at::kCPU;                 // training.device's (core/device.h)
 
   bool is_main() const { return !world || world->rank() == 0; }
   // This rank's place in `data` (dp x cp), for work dealt to every rank alike (evaluation).

@@ -17,15 +17,21 @@
 
 namespace loom::core {
 
-// One micro-batch as its task made it; the trainer only hands it back to the task.
+// One micro-batch as its task made it; the trainer hands it back to the task, after moving its
+// device inputs to the job's device.
 class MicroBatch {
  public:
   virtual ~MicroBatch() = default;
+  // The tensors the task's forward computes with on the job's device, as the loader made them on the
+  // host (what only the host reads, such as the token ids positions are worked out from, is left
+  // out). For a GPU job the loader pins them and the trainer copies them to the GPU a step ahead,
+  // each replaced by its copy (core/device.h, InputStager); the task moves what is still on the host.
+  virtual std::vector<at::Tensor*> device_inputs() { return {}; }
 };
 
 // One training step's data on this rank.
 struct StepData {
-  std::vector<std::shared_ptr<const MicroBatch>> micro_batches;
+  std::vector<std::shared_ptr<MicroBatch>> micro_batches;
   double loss_count = 0;  // this rank's share of what normalises the step's loss
   // The context-parallel degree the step runs at, when the task picks it per step (dynamic context
   // parallelism: Layout::counts_data's degree); 0: the job's parallel.cp.

@@ -1,5 +1,5 @@
-// Comm over c10d's ProcessGroupGloo: rendezvous, bucketed all-reduce, string all-gather,
-// all-to-all, send and receive.
+// Comm over c10d's ProcessGroupGloo (and ProcessGroupNCCL for CUDA tensors): rendezvous, bucketed
+// all-reduce, string all-gather, all-to-all, send and receive.
 #include "loom/dist/comm.h"
 
 #include <c10/util/accumulate.h>
@@ -21,6 +21,11 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#if defined(LOOM_TORCH_CUDA) && defined(USE_C10D_NCCL)
+#define LOOM_COMM_NCCL
+#include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
+#endif
 
 #include "loom/util/errors.h"
 
@@ -209,9 +214,20 @@ class Heartbeat {
 }  // namespace
 
 struct Comm::Group {
-  c10::intrusive_ptr<c10d::Store> store;  // the world's: heartbeats, and each subgroup's rendezvous
-  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;
+  c10::intrusive_ptr<c10d::Store> store;          // the world's: heartbeats, and each subgroup's rendezvous
+  c10::intrusive_ptr<c10d::ProcessGroupGloo> pg;  // CPU tensors and strings
   c10::intrusive_ptr<c10d::ProcessGroupGloo::Options> options;  // subgroups are made alike
+  bool cuda = false;  // the job's tensors are on its GPU: NCCL moves them
+#ifdef LOOM_COMM_NCCL
+  c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA tensors
+  ~Group() {
+    // NCCL's communicators are released in order (its destructor alone warns and may wait on them).
+    if (nccl) try {
+        nccl->shutdown();
+      } catch (const std::exception&) {
+      }
+  }
+#endif
   std::chrono::seconds timeout;
   std::shared_ptr<Heartbeat> heartbeat;  // the world's, shared by its subgroups
   std::string name;                      // empty for the world
@@ -278,6 +294,47 @@ void run(const Comm::Group& group, const char* what, Start start) {
 using WorkPtr =
     decltype(std::declval<c10d::ProcessGroupGloo&>().allreduce(std::declval<std::vector<at::Tensor>&>()));
 
+// NCCL's process group for the group's ranks, its rendezvous keys under `prefix` in the world's store.
+void add_nccl(Comm::Group& group, const std::string& prefix) {
+  if (!group.cuda) return;
+#ifdef LOOM_COMM_NCCL
+  auto options = c10d::ProcessGroupNCCL::Options::create();
+  options->timeout = std::chrono::duration_cast<std::chrono::milliseconds>(group.timeout);
+  group.nccl = c10::make_intrusive<c10d::ProcessGroupNCCL>(
+      c10::make_intrusive<c10d::PrefixStore>(prefix, group.store), static_cast<int>(group.rank),
+      static_cast<int>(group.size), options);
+#else
+  throw DistributedError(fmt::format(
+      "rank {}: training.device cuda across processes needs c10d's NCCL, which this build lacks (nccl.h "
+      "was not found: configure with LOOM_NCCL_ROOT)",
+      group.world_rank));
+#endif
+}
+
+// Starts `call` on the process group that moves `t`: NCCL for a CUDA tensor, Gloo for a CPU one.
+// `call` takes either (a generic lambda).
+template <typename Call>
+WorkPtr start_on(const Comm::Group& group, const at::Tensor& t, Call call) {
+#ifdef LOOM_COMM_NCCL
+  if (t.is_cuda() && group.nccl) return call(*group.nccl);
+#endif
+  if (!t.is_cpu())
+    throw DistributedError(fmt::format("rank {}: {} tensors travel only in a group made for {} jobs{}",
+                                       group.world_rank, t.device().str(),
+                                       t.device().type() == at::kCUDA ? "CUDA" : "such",
+                                       group.name.empty() ? "" : " (group " + group.name + ")"));
+  return call(*group.pg);
+}
+
+// Whether `t` travels through NCCL, which sums and gathers bf16 and half itself.
+bool on_nccl(const at::Tensor& t) {
+#ifdef LOOM_COMM_NCCL
+  return t.is_cuda();
+#else
+  return false;
+#endif
+}
+
 class GlooPendingWork : public PendingWork {
  public:
   // `done` runs on this rank once the collective has finished (e.g. the local sum of a
@@ -315,9 +372,10 @@ Comm::Comm(std::shared_ptr<Group> group, int64_t rank, int64_t size)
 Comm::~Comm() = default;
 
 std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds timeout,
-                                    std::chrono::seconds heartbeat_timeout) {
+                                    std::chrono::seconds heartbeat_timeout, at::Device device) {
   auto group = std::make_unique<Group>();
   group->timeout = timeout;
+  group->cuda = device.is_cuda();
   group->rank = group->world_rank = env.rank;
   group->size = group->world_size = env.world_size;
   for (int64_t r = 0; r < env.world_size; ++r) group->world_ranks.push_back(r);
@@ -340,6 +398,7 @@ std::shared_ptr<Comm> Comm::connect(const LaunchEnv& env, std::chrono::seconds t
     }
     group->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(group->store, static_cast<int>(env.rank),
                                                             static_cast<int>(env.world_size), options);
+    add_nccl(*group, "loom/nccl/world");
     if (env.world_size > 1) {
       const auto& tcp = static_cast<const c10d::TCPStore&>(*group->store);
       group->heartbeat = std::make_shared<Heartbeat>(tcp.getHost(), tcp.getPort(), env.rank, env.world_size,
@@ -378,11 +437,12 @@ void Comm::all_reduce_sum(const std::vector<at::Tensor>& tensors) {
       std::vector<at::Tensor> flat_parts;
       flat_parts.reserve(bucket.size());
       for (const auto& t : bucket) flat_parts.push_back(t.reshape({-1}));
-      // Gloo in libtorch 1.13 has no bf16: such buckets travel as fp32.
-      const bool widen = dtype == at::kBFloat16 || dtype == at::kHalf;
+      // Gloo in libtorch 1.13 has no bf16: such buckets travel as fp32 (NCCL sums them as they are).
       std::vector<at::Tensor> flat{at::cat(flat_parts)};
+      const bool widen = (dtype == at::kBFloat16 || dtype == at::kHalf) && !on_nccl(flat[0]);
       if (widen) flat[0] = flat[0].to(at::kFloat);
-      run(*group_, "all-reduce", [&] { return group_->pg->allreduce(flat); });
+      run(*group_, "all-reduce",
+          [&] { return start_on(*group_, flat[0], [&](auto& pg) { return pg.allreduce(flat); }); });
       int64_t offset = 0;
       for (auto& t : bucket) {
         t.copy_(flat[0].narrow(0, offset, t.numel()).view_as(t));
@@ -411,6 +471,7 @@ std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<
   auto group = std::make_unique<Group>();
   group->store = group_->store;
   group->options = group_->options;
+  group->cuda = group_->cuda;
   group->timeout = group_->timeout;
   group->heartbeat = group_->heartbeat;
   group->name = group_->name.empty() ? name : group_->name + "/" + name;
@@ -423,6 +484,7 @@ std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<
     auto store = c10::make_intrusive<c10d::PrefixStore>("loom/group/" + group->name, group_->store);
     group->pg = c10::make_intrusive<c10d::ProcessGroupGloo>(store, static_cast<int>(group->rank),
                                                             static_cast<int>(group->size), group->options);
+    add_nccl(*group, "loom/nccl/" + group->name);
   } catch (const std::exception& e) {
     throw DistributedError(fmt::format("rank {}: cannot form group {} of ranks {}: {}", group->world_rank,
                                        group->name, fmt::join(group->world_ranks, ", "),
@@ -435,7 +497,8 @@ std::shared_ptr<Comm> Comm::subgroup(const std::string& name, const std::vector<
 namespace {
 
 void check_flat(int64_t rank, const char* what, const at::Tensor& t) {
-  if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf || !t.is_contiguous() || t.dim() != 1)
+  const bool sixteen_bits = t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf;
+  if ((sixteen_bits && !on_nccl(t)) || !t.is_contiguous() || t.dim() != 1)
     throw DistributedError(
         fmt::format("rank {}: {} needs contiguous 1-D tensors of a dtype Gloo sums, got {} of {} dimensions",
                     rank, what, c10::toString(t.scalar_type()), t.dim()));
@@ -448,7 +511,7 @@ std::unique_ptr<PendingWork> Comm::start_all_reduce_sum(at::Tensor flat) {
   check_flat(group_->world_rank, "all-reduce", flat);
   std::vector<at::Tensor> tensors{flat};
   try {
-    auto work = group_->pg->allreduce(tensors);
+    auto work = start_on(*group_, flat, [&](auto& pg) { return pg.allreduce(tensors); });
     return std::make_unique<GlooPendingWork>("all-reduce", std::move(work), std::move(tensors), group_);
   } catch (const std::exception& e) {
     throw collective_error(*group_, "all-reduce", e);
@@ -465,6 +528,15 @@ std::unique_ptr<PendingWork> Comm::start_reduce_scatter_sum(at::Tensor input, at
   if (input.numel() != output.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw DistributedError(fmt::format("rank {}: reduce-scatter of {} elements into {} x {}",
                                        group_->world_rank, input.numel(), size_, output.numel()));
+  if (on_nccl(input)) {
+    try {
+      auto work = start_on(*group_, input, [&](auto& pg) { return pg._reduce_scatter_base(output, input); });
+      return std::make_unique<GlooPendingWork>("reduce-scatter", std::move(work),
+                                               std::vector<at::Tensor>{input, output}, group_);
+    } catch (const std::exception& e) {
+      throw collective_error(*group_, "reduce-scatter", e);
+    }
+  }
   at::Tensor received = at::empty_like(input);
   std::vector<int64_t> equal_splits;
   try {
@@ -490,8 +562,10 @@ std::unique_ptr<PendingWork> Comm::start_all_gather_flat(at::Tensor input, at::T
   if (output.numel() != input.numel() * size_ || input.scalar_type() != output.scalar_type())
     throw DistributedError(fmt::format("rank {}: all-gather of {} x {} elements into {}", group_->world_rank,
                                        size_, input.numel(), output.numel()));
-  input = bits(input);
-  output = bits(output);
+  if (!on_nccl(input)) {
+    input = bits(input);
+    output = bits(output);
+  }
   for (const at::Tensor* t : {&input, &output})
     if (!t->is_contiguous() || t->dim() != 1)
       throw DistributedError(
@@ -502,7 +576,10 @@ std::unique_ptr<PendingWork> Comm::start_all_gather_flat(at::Tensor input, at::T
   for (int64_t r = 0; r < size_; ++r)
     outputs[0].push_back(output.narrow(0, r * input.numel(), input.numel()));
   try {
-    auto work = group_->pg->allgather(outputs, inputs);
+    // Gloo in libtorch 1.13 has no flat all-gather: a list of views into `output`.
+    auto work = on_nccl(input)
+                    ? start_on(*group_, input, [&](auto& pg) { return pg._allgather_base(output, input); })
+                    : group_->pg->allgather(outputs, inputs);
     return std::make_unique<GlooPendingWork>("all-gather", std::move(work),
                                              std::vector<at::Tensor>{input, output}, group_);
   } catch (const std::exception& e) {
@@ -577,7 +654,9 @@ std::unique_ptr<PendingWork> Comm::start_all_to_all(at::Tensor input, at::Tensor
   std::function<void()> done;
   if (!received.is_same(output)) done = [received, output]() mutable { output.copy_(received); };
   try {
-    auto work = group_->pg->alltoall_base(received_bytes, sent_bytes, output_split_sizes, input_split_sizes);
+    auto work = start_on(*group_, sent, [&](auto& pg) {
+      return pg.alltoall_base(received_bytes, sent_bytes, output_split_sizes, input_split_sizes);
+    });
     return std::make_unique<GlooPendingWork>(
         "all-to-all", std::move(work), std::vector<at::Tensor>{sent, received}, group_, std::move(done));
   } catch (const std::exception& e) {
@@ -608,7 +687,10 @@ std::unique_ptr<PendingWork> Comm::start_send(at::Tensor t, int64_t peer, int64_
   const std::string what = point_to_point(*group_, "send to", peer, tag);
   std::vector<at::Tensor> tensors{t.contiguous()};
   try {
-    auto work = group_->pg->send(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    // NCCL ignores the tag: its messages between two ranks match in the order they are started.
+    auto work = start_on(*group_, t, [&](auto& pg) {
+      return pg.send(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    });
     return std::make_unique<GlooPendingWork>(what, std::move(work), std::move(tensors), group_);
   } catch (const std::exception& e) {
     throw collective_error(*group_, what, e);
@@ -621,7 +703,9 @@ std::unique_ptr<PendingWork> Comm::start_recv(at::Tensor t, int64_t peer, int64_
   std::function<void()> done;
   if (!tensors[0].is_same(t)) done = [received = tensors[0], t]() mutable { t.copy_(received); };
   try {
-    auto work = group_->pg->recv(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    auto work = start_on(*group_, t, [&](auto& pg) {
+      return pg.recv(tensors, static_cast<int>(peer), static_cast<int>(tag));
+    });
     return std::make_unique<GlooPendingWork>(what, std::move(work), std::move(tensors), group_,
                                              std::move(done));
   } catch (const std::exception& e) {

@@ -1,4 +1,5 @@
-// The data-parallel process group: c10d's Gloo backend joined through a TCPStore, with the
+// The data-parallel process group: c10d's Gloo backend joined through a TCPStore (and, for a CUDA
+// job, NCCL's beside it: CUDA tensors travel through NCCL, CPU tensors and strings through Gloo), with the
 // collectives Loom's training loop needs (sum all-reduce of many tensors in flat buckets, string
 // all-gather, barrier, all-to-all with unequal splits) and point-to-point send and receive, each
 // failure a DistributedError naming this rank, the operation and, for send and receive, the peer.
@@ -32,8 +33,11 @@ class Comm {
   // env.master_addr:env.master_port; every collective gives up after `timeout`. Once another
   // rank's heartbeat has stood still for `heartbeat_timeout` (or rank 0's store has not answered for
   // that long), this process writes "loom: error: rank R: lost rank Q: ..." and exits with code 1.
+  // `device`: the job's; a CUDA one adds NCCL to this group and every subgroup (DistributedError in a
+  // build without it).
   static std::shared_ptr<Comm> connect(const LaunchEnv& env, std::chrono::seconds timeout,
-                                       std::chrono::seconds heartbeat_timeout = std::chrono::seconds(60));
+                                       std::chrono::seconds heartbeat_timeout = std::chrono::seconds(60),
+                                       at::Device device = at::kCPU);
   ~Comm();
 
   int64_t rank() const { return rank_; }

@@ -45,7 +45,9 @@ GradReducer::GradReducer(std::shared_ptr<Comm> comm, std::vector<at::Tensor> par
     bytes += size;
   }
   for (Bucket& bucket : buckets_) {
-    bucket.flat = at::empty({bucket.numel}, at::TensorOptions().dtype(bucket.wire));
+    bucket.flat =
+        at::empty({bucket.numel},
+                  at::TensorOptions().dtype(bucket.wire).device(params_[bucket.params.front()].device()));
     bucket.waiting = static_cast<int64_t>(bucket.params.size());
   }
   if (!overlap_) return;

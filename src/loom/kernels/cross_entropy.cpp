@@ -31,7 +31,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& labels, int64_t ignore_index, int64_t chunk_rows) {
     const int64_t n = hidden.size(0), vocab = weight.size(0);
-    const at::Tensor y = labels.to(at::kLong).contiguous();
+    const at::Tensor y = labels.to(hidden.device(), at::kLong).contiguous();
     const at::Tensor counted = y.ne(ignore_index);
     if (counted.logical_and(y.lt(0).logical_or(y.ge(vocab))).any().item<bool>())
       throw ModelError(fmt::format("linear_cross_entropy: a label lies outside the vocabulary of {}", vocab));
@@ -41,7 +41,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       d_hidden = at::empty_like(hidden);
       d_weight = at::zeros(weight.sizes(), weight.options().dtype(at::kFloat));
     }
-    at::Tensor total = at::zeros({}, at::kDouble);
+    at::Tensor total = at::zeros({}, hidden.options().dtype(at::kDouble));
     for (int64_t begin = 0; begin < n; begin += chunk_rows) {
       const int64_t rows = std::min(chunk_rows, n - begin);
       const at::Tensor h = hidden.narrow(0, begin, rows);
@@ -54,7 +54,7 @@ class LinearCrossEntropyFunction : public torch::autograd::Function<LinearCrossE
       if (!want_grad) continue;
       // d logits = softmax - onehot(label) on counted rows, in place of the logits.
       logits.sub_(lse.unsqueeze(1)).exp_();
-      logits.scatter_add_(1, labels_c, at::full({rows, 1}, -1.0F, at::kFloat));
+      logits.scatter_add_(1, labels_c, at::full({rows, 1}, -1.0F, logits.options()));
       logits.mul_(mask.unsqueeze(1).to(at::kFloat));
       const at::Tensor d = logits.to(hidden.scalar_type());
       d_hidden.narrow(0, begin, rows).copy_(at::matmul(d, weight));
@@ -82,8 +82,8 @@ at::Tensor linear_cross_entropy_sum(const at::Tensor& hidden, const at::Tensor& 
 
 at::Tensor linear_cross_entropy_sum_composite(const at::Tensor& hidden, const at::Tensor& weight,
                                               const at::Tensor& labels, int64_t ignore_index) {
-  return at::cross_entropy_loss(at::linear(hidden, weight).to(at::kFloat), labels, {}, at::Reduction::Sum,
-                                ignore_index);
+  return at::cross_entropy_loss(at::linear(hidden, weight).to(at::kFloat), labels.to(hidden.device()), {},
+                                at::Reduction::Sum, ignore_index);
 }
 
 }  // namespace loom::kernels

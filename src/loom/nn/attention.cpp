@@ -32,7 +32,7 @@ at::Tensor attend(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
   auto scores = at::matmul(q, k.transpose(-2, -1)) * scale;  // (S, H, Lq, Lk)
   if (causal) {
     const int64_t length = q.size(-2);
-    auto future = at::ones({length, length}, at::TensorOptions().dtype(at::kBool)).triu(1);
+    auto future = at::ones({length, length}, scores.options().dtype(at::kBool)).triu(1);
     scores = scores.masked_fill(future, -std::numeric_limits<float>::infinity());
   }
   if (hidden.defined()) scores = scores.masked_fill(hidden, -std::numeric_limits<float>::infinity());
@@ -74,7 +74,7 @@ at::Tensor composite_segment_attention(const at::Tensor& q, const at::Tensor& k,
     auto acc = index.accessor<int64_t, 2>();
     for (size_t s = 0; s < starts.size(); ++s)
       for (int64_t j = 0; j < length; ++j) acc[s][j] = starts[s] + j;
-    auto flat = index.flatten();
+    auto flat = index.flatten().to(q.device());
     auto gather = [&](const at::Tensor& x) {
       return heads_first(x.index_select(0, flat).view({index.size(0), length, x.size(1), x.size(2)}));
     };

@@ -19,8 +19,8 @@ FlatShard::FlatShard(std::vector<std::string> names, std::vector<at::Tensor> par
     numel_ += p.numel();
   }
   slice_ = std::max<int64_t>((numel_ + ranks - 1) / ranks, 1);
-  master = at::zeros({slice_}, at::kFloat);
-  grad = at::zeros({slice_}, at::kFloat);
+  master = at::zeros({slice_}, at::TensorOptions(at::kFloat).device(device()));
+  grad = at::zeros({slice_}, at::TensorOptions(at::kFloat).device(device()));
   has_grad.assign(params_.size(), false);
   if (copy_values) {
     at::NoGradGuard no_grad;
@@ -49,7 +49,7 @@ void FlatShard::take_slice(const std::vector<at::Tensor>& values, at::Tensor& sl
 
 at::Tensor FlatShard::flatten(const std::vector<at::Tensor>& values, at::ScalarType dtype) const {
   at::NoGradGuard no_grad;
-  at::Tensor flat = at::zeros({padded_numel()}, at::TensorOptions().dtype(dtype));
+  at::Tensor flat = at::zeros({padded_numel()}, at::TensorOptions().dtype(dtype).device(device()));
   for (size_t i = 0; i < params_.size(); ++i)
     if (values[i].defined()) flat.narrow(0, offsets_[i], params_[i].numel()).copy_(values[i].reshape({-1}));
   return flat;

@@ -23,6 +23,8 @@ class FlatShard {
   int64_t numel() const { return numel_; }                // the parameters' elements, unpadded
   int64_t padded_numel() const { return slice_ * ranks_; }
   int64_t slice_numel() const { return slice_; }
+  // The parameters' device, where the slices and flat vectors are made (the CPU when there are none).
+  at::Device device() const { return params_.empty() ? at::Device(at::kCPU) : params_.front().device(); }
   int64_t rank() const { return rank_; }
   int64_t ranks() const { return ranks_; }
 

@@ -146,7 +146,8 @@ FullyShardedModel::FullyShardedModel(std::shared_ptr<dist::Comm> comm,
     unit->shard =
         std::make_shared<FlatShard>(std::move(names), tensors, gather_comm_->rank(), gather_comm_->size());
     // The parameters become views of the unit's whole buffer, then the buffer's memory is freed.
-    unit->whole = at::zeros({unit->shard->padded_numel()}, at::TensorOptions().dtype(dtype));
+    unit->whole = at::zeros({unit->shard->padded_numel()},
+                            at::TensorOptions().dtype(dtype).device(unit->shard->device()));
     for (size_t i = 0; i < tensors.size(); ++i) {
       at::Tensor view = unit->shard->unflatten(unit->whole, i);
       view.copy_(tensors[i].detach());
@@ -369,7 +370,7 @@ void FullyShardedModel::start_reduce(size_t u) {
   unit.ready_bytes = 0;
   unit.reduce_bytes = 2 * static_cast<int64_t>(send.nbytes());  // and the all-to-all's receive buffer
   account(unit.reduce_bytes);
-  unit.reduced = at::empty({unit.shard->slice_numel()}, at::kFloat);
+  unit.reduced = at::empty({unit.shard->slice_numel()}, send.options());
   unit.reduce = reduce_comm_->start_reduce_scatter_sum(send, unit.reduced);
   {
     std::lock_guard<std::mutex> lock(queue_mutex_);

@@ -47,7 +47,9 @@ at::Tensor ShardLayout::gather(const at::Tensor& local) const {
   split_shape.insert(split_shape.begin() + dim, parts);
   split_shape.insert(split_shape.begin() + dim, comm->size());
   at::Tensor blocks = ranks.reshape(split_shape);
-  if (replicas() > 1) blocks = blocks.index_select(dim, at::arange(0, comm->size(), replicas(), at::kLong));
+  if (replicas() > 1)
+    blocks =
+        blocks.index_select(dim, at::arange(0, comm->size(), replicas(), blocks.options().dtype(at::kLong)));
   return blocks.transpose(dim, dim + 1).reshape(whole_shape(local.sizes()));
 }
 

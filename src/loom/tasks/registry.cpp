@@ -46,6 +46,7 @@ BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm>
   auto model = models::build_model(config, options, vision_tp);
   models::init_parameters(*model, static_cast<uint64_t>(t.seed));
   if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
+  model->to(layout.device);  // initialised on the CPU: the same weights on every device
   BuiltJob built;
   built.task = std::make_shared<VlmSftTask>(job, model, layout, std::move(context_parallel));
   built.model = std::move(model);
@@ -113,6 +114,7 @@ BuiltJob build_flow_matching(const config::JobConfig& job, std::shared_ptr<dist:
   auto model = std::make_shared<models::WanModel>(config, param_options(job, layout));
   models::init_wan_parameters(*model, static_cast<uint64_t>(job.training.seed));
   if (!job.model.init_from.empty()) models::load_wan_parameters(*model, job.model.init_from);
+  model->to(layout.device);
   BuiltJob built;
   built.task = std::make_shared<flow_matching::FlowMatchingTask>(job, model, layout);
   built.model = std::move(model);
@@ -127,6 +129,7 @@ BuiltJob build_vae(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   auto model = std::make_shared<models::WanVAE>(config, param_options(job, layout));
   models::init_wan_vae_parameters(*model, static_cast<uint64_t>(job.training.seed));
   if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
+  model->to(layout.device);
   BuiltJob built;
   built.task = std::make_shared<VaeTask>(job, model, layout);
   built.model = std::move(model);

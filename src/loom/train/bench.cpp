@@ -1,47 +1,61 @@
 // loom bench: the trainer's steps, timed.
+#include <ATen/record_function.h>
 #include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
+#include <string>
 
-#include "loom/data/loader.h"
+#include "loom/core/device.h"
 #include "loom/memory/counting_allocator.h"
 #include "loom/parallel/context/ring.h"
 #include "loom/train/flops.h"
+#include "loom/train/profile.h"
 #include "loom/train/schedule.h"
+#include "loom/train/step_feed.h"
 #include "loom/train/trainer.h"
 #include "loom/util/errors.h"
 #include "loom/util/timer.h"
 
 namespace loom::train {
 
-BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
+BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& profile) {
   if (warmup < 0 || steps < 1)
     throw ConfigError(fmt::format("bench: needs steps >= 1 and warmup >= 0, got {} and {}", steps, warmup));
   const auto& t = job_.training;
-  peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
+  const at::Device device = parts_.layout.device;
+  peak_flops_ = job_peak_flops(t.peak_tflops, device);
   const core::Task& task = *parts_.task;
-  data::PrefetchLoader<core::StepData> loader([&task](int64_t step) { return task.step_data(step); }, 0,
-                                              static_cast<int>(job_.data.num_workers),
-                                              static_cast<int>(job_.data.prefetch));
+  StepFeed loader(task, job_.data, device, 0, warmup + steps);
   BenchResult r;
   r.steps = steps;
   r.warmup = warmup;
   r.ranks = parts_.layout.data_parallel;
   r.sgemm_gflops = peak_flops_ / 1e9;
+  r.device = core::device_name(device);
   memory::CountingAllocator* counter = memory::CountingAllocator::installed();
   std::vector<double> step_times;
   double tokens = 0, samples = 0, flops = 0;
   BenchResult::PipelineRank mine;  // this rank's share of the pipeline figures
+  std::optional<Profile> recording;
   for (int64_t i = 0; i < warmup + steps; ++i) {
+    if (i == warmup && !profile.empty()) recording.emplace(profile, device);
+    const std::string step_name = fmt::format("step {}", i + 1);
+    RECORD_USER_SCOPE(step_name.c_str());
     const auto begin = Clock::now();
     if (counter) counter->reset_peak();
+    if (i == warmup) core::reset_peak_memory(device);
     const double wait_before = loader.wait_seconds();
     const core::StepData step = loader.next();
     const double data_wait = loader.wait_seconds() - wait_before;
     const StepStats stats = train_step(step);
     const auto optimizer_begin = Clock::now();
-    plan_.optimizer->step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
+    {
+      RECORD_USER_SCOPE("optimizer");
+      plan_.optimizer->step(learning_rate(i, t.steps, t.warmup_steps, t.lr, t.min_lr));
+    }
+    core::synchronize(device);  // a GPU's queued work belongs to this step's time
     const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
     if (i + 1 == warmup) parallel::reset_ring_stats();
     if (i < warmup) continue;
@@ -62,6 +76,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
     samples += static_cast<double>(stats.samples);
     flops += stats.flops;
   }
+  if (recording) recording->finish();
   std::sort(step_times.begin(), step_times.end());
   r.step_time_median_s = step_times[step_times.size() / 2];
   r.tokens_per_s = tokens / r.total_s;
@@ -96,6 +111,9 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps) {
                            static_cast<int64_t>(rows[i][4].item<double>())});
     r.cp_ulysses = job_.parallel.cp_ulysses;
   }
+  const core::DeviceMemory memory = core::device_memory(device);
+  r.device_peak_allocated_bytes = memory.peak_allocated;
+  r.device_peak_reserved_bytes = memory.peak_reserved;
   r.parameter_bytes = plan_.bytes.parameters;
   r.gradient_bytes = plan_.bytes.gradients;
   r.optimizer_bytes = plan_.bytes.optimizer;

@@ -1,5 +1,6 @@
 #include "loom/train/forward_backward.h"
 
+#include <ATen/record_function.h>
 #include <fmt/format.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -17,10 +18,10 @@
 
 namespace loom::train {
 
-ScheduleResult forward_backward_no_pipelining(
-    const ForwardStep& forward_step, const std::vector<core::Stage>& stages,
-    const std::vector<std::shared_ptr<const core::MicroBatch>>& batches, size_t passes, double scale,
-    GradientSync& sync) {
+ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
+                                              const std::vector<core::Stage>& stages,
+                                              const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
+                                              size_t passes, double scale, GradientSync& sync) {
   if (stages.size() != 1 || !stages.front().first || !stages.front().last)
     throw ModelError(fmt::format("forward_backward_no_pipelining runs one stage holding every layer, not {}",
                                  stages.size()));
@@ -35,12 +36,19 @@ ScheduleResult forward_backward_no_pipelining(
     }
     const auto forward_begin = Clock::now();
     const int64_t allocated_before = counter ? counter->live_bytes() : 0;
-    const core::ForwardResult out = forward_step(*batches[m], stage, {});
+    core::ForwardResult out;
+    {
+      RECORD_USER_SCOPE("forward");  // a range in loom bench --profile's trace
+      out = forward_step(*batches[m], stage, {});
+    }
     if (counter) r.activation_bytes = std::max(r.activation_bytes, counter->live_bytes() - allocated_before);
     r.forward_s += seconds_since(forward_begin);
     sync.before_backward(m + 1 == batches.size());
     const auto backward_begin = Clock::now();
-    (out.loss_sum * scale).backward();
+    {
+      RECORD_USER_SCOPE("backward");
+      (out.loss_sum * scale).backward();
+    }
     r.backward_s += seconds_since(backward_begin);
     r.loss_sum += out.loss_sum.item<double>();
     r.tokens += out.tokens;
@@ -53,7 +61,7 @@ ScheduleResult forward_backward_no_pipelining(
 
 ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
                                           const std::vector<core::Stage>& stages,
-                                          const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+                                          const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
                                           const PipelineRun& pipeline, double scale, GradientSync& sync) {
   namespace pp = parallel::pipeline;
   using Kind = pp::Action::Kind;

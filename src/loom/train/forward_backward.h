@@ -37,10 +37,10 @@ struct ScheduleResult {
 // times `scale` (one over the step's global count), in `passes` passes: those beyond the
 // micro-batches are empty (a rank with fewer micro-batches than another still takes part in each
 // pass's collectives).
-ScheduleResult forward_backward_no_pipelining(
-    const ForwardStep& forward_step, const std::vector<core::Stage>& stages,
-    const std::vector<std::shared_ptr<const core::MicroBatch>>& batches, size_t passes, double scale,
-    GradientSync& sync);
+ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
+                                              const std::vector<core::Stage>& stages,
+                                              const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
+                                              size_t passes, double scale, GradientSync& sync);
 
 // This rank's chunks of a pipeline (`stages`, one per virtual stage, in chunk order) over the step's
 // micro-batches, in the order the schedule gives (parallel/pipeline/order.h): each forward's input
@@ -50,7 +50,7 @@ ScheduleResult forward_backward_no_pipelining(
 // micro-batches; the loss, tokens, samples and FLOPs are counted on the last stage.
 ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
                                           const std::vector<core::Stage>& stages,
-                                          const std::vector<std::shared_ptr<const core::MicroBatch>>& batches,
+                                          const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
                                           const PipelineRun& pipeline, double scale, GradientSync& sync);
 
 }  // namespace loom::train

@@ -127,7 +127,7 @@ class PipelinedOptimizer : public Optimizer {
       if (key == "step" ? comm.rank() != 0 : !placement_->counts(parameter_of(key))) continue;
       described += fmt::format("{} {} {}\n", key, static_cast<int>(value.scalar_type()),
                                fmt::join(value.sizes(), " "));
-      given.emplace(key, value);
+      given.emplace(key, value.to(at::kCPU));  // checkpoint data: summed through the CPU
     }
     std::vector<std::pair<std::string, at::Tensor>> whole;
     std::vector<at::Tensor> sums;

@@ -10,6 +10,7 @@
 #include <set>
 #include <tuple>
 
+#include "loom/core/device.h"
 #include "loom/dist/grad_reducer.h"
 #include "loom/memory/recompute.h"
 #include "loom/parallel/fsdp.h"
@@ -354,6 +355,15 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   ModelStateBytes& bytes = plan.bytes;
   const std::map<std::string, parallel::ShardLayout>* tp_layouts = tp_size > 1 ? &sync->layouts : nullptr;
   AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
+  // Two memory features are CPU code today: an explicit refusal, not a silent no-op, on a GPU.
+  if (t.device == "cuda" && job.features.reuse_fp32_param)
+    throw ConfigError(
+        "features.reuse_fp32_param: its split master is updated by a CPU kernel; training.device cuda keeps "
+        "the fp32 master apart (remove it)");
+  if (t.device == "cuda" && job.features.offload)
+    throw ConfigError(
+        "features.offload: spills CPU activations to a file; training.device cuda does not offload GPU "
+        "activations yet (remove it; recompute alone works)");
   if (job.features.reuse_fp32_param) {
     if (t.precision != "bf16")
       throw ConfigError(fmt::format(
@@ -495,7 +505,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   }
   if (!placement) return plan;
   plan.pipeline = {pipeline,
-                   std::make_shared<parallel::pipeline::CarryExchange>(pipeline, p.pp * p.virtual_stages),
+                   std::make_shared<parallel::pipeline::CarryExchange>(pipeline, p.pp * p.virtual_stages,
+                                                                       core::job_device(t)),
                    p.pipeline_schedule, job.features.recompute_in_bubbles};
   plan.pipeline_parallel = pipeline->size();
   std::vector<std::string> held;

@@ -40,7 +40,7 @@ std::pair<double, double> squared_norms(const std::vector<at::Tensor>& params,
   if (grads.empty()) return {0.0, 0.0};
   const auto squares = at::stack(norms).to(at::kDouble).pow(2);
   if (share.empty()) return {squares.sum().item<double>(), 0.0};
-  const auto weights = at::tensor(shares, at::kDouble);
+  const auto weights = at::tensor(shares, at::kDouble).to(squares.device());
   const auto whole = weights.eq(0.0);
   const auto sums =
       at::stack({squares.masked_fill(whole.logical_not(), 0.0).sum(), (squares * weights).sum()});

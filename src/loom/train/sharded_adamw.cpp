@@ -61,9 +61,10 @@ void ShardedAdamW::add(std::shared_ptr<parallel::FlatShard> shard) {
                                  shard->rank(), shard->ranks(), comm_->rank(), comm_->size()));
   Slot slot;
   const int64_t slice = shard->slice_numel();
-  slot.exp_avg = at::zeros({slice}, at::kFloat);
-  slot.exp_avg_sq = at::zeros({slice}, at::kFloat);
-  slot.decays = at::zeros({slice}, at::kBool);
+  const auto on = at::TensorOptions().device(shard->device());
+  slot.exp_avg = at::zeros({slice}, on.dtype(at::kFloat));
+  slot.exp_avg_sq = at::zeros({slice}, on.dtype(at::kFloat));
+  slot.decays = at::zeros({slice}, on.dtype(at::kBool));
   const auto params = named(*shard);
   for (size_t i = 0; i < params.size(); ++i) {
     const auto o = shard->overlap(i);
@@ -111,7 +112,8 @@ double ShardedAdamW::clip_gradients(double max_norm) {
   // One message: the squared norm of this rank's slices (under tensor parallelism, of the whole
   // parameters' and of the tensor-parallel slices' elements apart), then which parameters got a
   // gradient here.
-  at::Tensor square = at::zeros({tp_ ? 2 : 1}, at::kDouble);
+  const at::Device device = slots_.empty() ? at::Device(at::kCPU) : slots_.front().shard->device();
+  at::Tensor square = at::zeros({tp_ ? 2 : 1}, at::TensorOptions(at::kDouble).device(device));
   std::vector<double> flags;
   for (const Slot& s : slots_) {
     if (!tp_ && uncounted_.empty()) {
@@ -132,7 +134,8 @@ double ShardedAdamW::clip_gradients(double max_norm) {
     }
     flags.insert(flags.end(), s.shard->has_grad.begin(), s.shard->has_grad.end());
   }
-  at::Tensor totals = at::cat({square, at::tensor(flags, at::kDouble)});
+  // On the CPU: the flags are read here, and the sum is a few numbers.
+  at::Tensor totals = at::cat({square.to(at::kCPU), at::tensor(flags, at::kDouble)});
   comm_->all_reduce_sum({totals});
   const double* summed = totals.data_ptr<double>();
   double norm_squared = summed[0];
@@ -156,7 +159,7 @@ double ShardedAdamW::clip_gradients(double max_norm) {
       if (summed[k] == 0.0) missing.push_back(i);
     s.updates = at::Tensor();
     if (missing.empty()) continue;
-    s.updates = at::ones({shard.slice_numel()}, at::kBool);
+    s.updates = at::ones({shard.slice_numel()}, at::TensorOptions(at::kBool).device(shard.device()));
     for (size_t i : missing) {
       const auto o = shard.overlap(i);
       if (o.length > 0) s.updates.narrow(0, o.in_slice, o.length).fill_(false);

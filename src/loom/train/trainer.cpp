@@ -11,7 +11,6 @@
 #include "loom/checkpoint/run_lock.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/checkpoint/trainer_state.h"
-#include "loom/data/loader.h"
 #include "loom/models/weights.h"
 #include "loom/parallel/pipeline/exchange.h"
 #include "loom/tasks/registry.h"
@@ -20,6 +19,7 @@
 #include "loom/train/loss_plot.h"
 #include "loom/train/metrics.h"
 #include "loom/train/schedule.h"
+#include "loom/train/step_feed.h"
 #include "loom/util/errors.h"
 #include "loom/util/timer.h"
 
@@ -271,7 +271,7 @@ std::optional<core::Evaluation> Trainer::train() {
   in_training_ = true;
   // Before choosing the checkpoint to resume from: another trainer may be writing the next one.
   const std::optional<checkpoint::RunDirectoryLock> lock = lock_output_dir();
-  peak_flops_ = t.peak_tflops > 0 ? t.peak_tflops * 1e12 : measure_sgemm_flops();
+  peak_flops_ = job_peak_flops(t.peak_tflops, parts_.layout.device);
   fs::create_directories(t.output_dir);
   if (auto dir = resume_directory()) resume_from(*dir);
   const bool main = parts_.layout.is_main();
@@ -299,9 +299,7 @@ std::optional<core::Evaluation> Trainer::train() {
 
   // One loader item is one step's micro-batches on this rank, so the data position is the step.
   const core::Task& task = *parts_.task;
-  data::PrefetchLoader<core::StepData> loader([&task](int64_t step) { return task.step_data(step); }, step_,
-                                              static_cast<int>(job_.data.num_workers),
-                                              static_cast<int>(job_.data.prefetch));
+  StepFeed loader(task, job_.data, parts_.layout.device, step_, t.steps);
   ProgressBar progress(t.steps, job_.tools.log_every, step_, stderr,
                        !main                     ? ProgressBar::Mode::off
                        : job_.tools.progress_bar ? ProgressBar::Mode::automatic

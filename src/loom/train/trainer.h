@@ -38,6 +38,10 @@ struct BenchResult {
   // counted by loom bench's allocator (0 without it).
   int64_t parameter_bytes = 0, gradient_bytes = 0, optimizer_bytes = 0;
   int64_t activation_bytes = 0, peak_allocated_bytes = 0;
+  // On a GPU: the device's name and its caching allocator's peaks over the timed steps (what tensors
+  // held, and what the allocator held from CUDA); "cpu" and zeros otherwise.
+  std::string device = "cpu";
+  int64_t device_peak_allocated_bytes = 0, device_peak_reserved_bytes = 0;
   double total_s = 0, data_s = 0, forward_s = 0, backward_s = 0, optimizer_s = 0, communication_s = 0;
   // Under pipeline parallelism, each pipeline rank's timed steps (from every rank of the pipeline):
   // busy in its chunks' forwards and backwards, idle waiting for the stages before and after it, and
@@ -77,8 +81,9 @@ class Trainer {
   // trainer on that directory is refused with a ConfigError on every rank (one all-gather).
   std::optional<core::Evaluation> train();
   // Runs `warmup` + `steps` training steps from the job's initial weights (no resume, checkpoint,
-  // metrics or evaluation; nothing is written) and measures the last `steps` (bench.cpp).
-  BenchResult bench(int64_t warmup, int64_t steps);
+  // metrics or evaluation; nothing is written but `profile`: a Chrome trace of the timed steps when
+  // not empty, train/profile.h) and measures the last `steps` (bench.cpp).
+  BenchResult bench(int64_t warmup, int64_t steps, const std::string& profile = "");
   // The task's evaluation, every parameter whole (every rank gets the whole result): of the weights at
   // the current step during train(), of whatever load_weights loaded otherwise.
   core::Evaluation evaluate();

@@ -274,6 +274,28 @@ TEST(ParseConfigErrors, WrongTypes) {
       0u);
 }
 
+// training.device: cpu by default; cuda only in a build against a CUDA libtorch (one line naming
+// the key otherwise); TF32 only where CUDA computes.
+TEST(ParseConfig, Device) {
+  const JobConfig job = parse_config(kMinimal, "job.yaml");
+  EXPECT_EQ(job.training.device, "cpu");
+  EXPECT_FALSE(job.training.allow_tf32);
+  EXPECT_EQ(parse_error(with_training("  device: tpu\n")),
+            "job.yaml: training.device: 'tpu' is not one of cpu, cuda");
+  EXPECT_EQ(parse_error(with_training("  allow_tf32: true\n")),
+            "job.yaml: training.allow_tf32: applies to CUDA's matrix products; training.device is cpu "
+            "(remove it)");
+#ifdef LOOM_TORCH_CUDA
+  const JobConfig cuda = parse_config(with_training("  device: cuda\n  allow_tf32: true\n"), "job.yaml");
+  EXPECT_EQ(cuda.training.device, "cuda");
+  EXPECT_TRUE(cuda.training.allow_tf32);
+#else
+  EXPECT_EQ(parse_error(with_training("  device: cuda\n")),
+            "job.yaml: training.device: cuda needs Loom built against a CUDA libtorch; this build's libtorch "
+            "is CPU-only (README: \"Training on GPUs\")");
+#endif
+}
+
 TEST(ParseConfigErrors, EnumsNameTheValidValues) {
   EXPECT_EQ(parse_error(with_training("  precision: fp16\n")),
             "job.yaml: training.precision: 'fp16' is not one of fp32, bf16");

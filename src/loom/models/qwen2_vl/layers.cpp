@@ -284,13 +284,27 @@ void add_cached_pass(Qwen2VLContext& c, const VisionLanguageInputs& in, KVCache&
   cache.valid = valid;
 }
 
+void move_shard(parallel::ContextShard& shard, const at::Device& device) {
+  for (at::Tensor* t : {&shard.row_index, &shard.local_index, &shard.restore})
+    if (t->defined()) *t = t->to(device, /*non_blocking=*/true);
+}
+
+// The tensors the layers compute with, on the weights' device (no copy when they are there).
+void move_to(Qwen2VLContext& c, const at::Device& device) {
+  for (at::Tensor* t : {&c.pixel_values, &c.vision_cos, &c.vision_sin, &c.unit_order, &c.unit_restore,
+                        &c.input_ids, &c.image_mask, &c.cos, &c.sin, &c.cached.allowed})
+    if (t->defined()) *t = t->to(device, /*non_blocking=*/true);
+  move_shard(c.vision_shard, device);
+  move_shard(c.text_shard, device);
+}
+
 }  // namespace
 
 std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
                                                       const parallel::TensorParallelGroup& text_tp,
-                                                      KVCache* cache,
+                                                      const at::Device& device, KVCache* cache,
                                                       const parallel::ContextParallelGroup* cp) {
   if (cache && cp && cp->enabled())
     throw ModelError("decoding with a key/value cache runs without context parallelism");
@@ -301,6 +315,7 @@ std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs
     add_text_context(*context, inputs, config, text_tp, cp);
     if (cache) add_cached_pass(*context, inputs, *cache);
   }
+  move_to(*context, device);
   return context;
 }
 

@@ -64,12 +64,14 @@ struct Qwen2VLContext : core::Context {
 // and their attention mask is added to the cache's now: each new token sees the real tokens before
 // it and itself (a padding token only itself). With a context-parallel group of more than one rank
 // (and no cache), the vision rows and the text tokens are sharded over it: the rotary tables are
-// this rank's, and the attention runs as the shards' plans say.
+// this rank's, and the attention runs as the shards' plans say. Positions, tables and plans are
+// worked out on the CPU from the inputs there; what the layers compute with is then moved to
+// `device` (the weights'), without waiting where the inputs are in pinned memory.
 std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs& inputs,
                                                       const Qwen2VLConfig& config,
                                                       const parallel::TensorParallelGroup& vision_tp,
                                                       const parallel::TensorParallelGroup& text_tp,
-                                                      KVCache* cache = nullptr,
+                                                      const at::Device& device, KVCache* cache = nullptr,
                                                       const parallel::ContextParallelGroup* cp = nullptr);
 
 // The layers of a built model, in forward order.

@@ -114,14 +114,19 @@ Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
   layers_ = qwen2vl_layers(visual, model, c);
 }
 
+void Qwen2VLForConditionalGeneration::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  device_ = device;
+}
+
 std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
     const VisionLanguageInputs& inputs, KVCache* cache) const {
-  return qwen2vl_context(inputs, config, visual->tp, model->tp, cache);
+  return qwen2vl_context(inputs, config, visual->tp, model->tp, device_, cache);
 }
 
 std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::sharded_context(
     const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const {
-  return qwen2vl_context(inputs, config, visual->tp, model->tp, nullptr, &cp);
+  return qwen2vl_context(inputs, config, visual->tp, model->tp, device_, nullptr, &cp);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,

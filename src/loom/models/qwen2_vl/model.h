@@ -74,6 +74,11 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
   double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
 
+  // Moves the weights to `device`; the contexts made after it hold their tensors there.
+  using torch::nn::Module::to;
+  void to(torch::Device device, bool non_blocking = false) override;
+  const at::Device& device() const { return device_; }
+
   // core::Model: the layers are those of layers.h.
   torch::nn::Module& module() override { return *this; }
   core::Layers layers() const override { return layers_; }
@@ -88,6 +93,7 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
 
  private:
   core::Layers layers_;
+  at::Device device_ = at::kCPU;
 };
 
 }  // namespace loom::models

@@ -61,9 +61,10 @@ struct CarryExchange::Header {
   std::unique_ptr<dist::PendingWork> work;
 };
 
-at::Tensor CarryExchange::take_buffer(at::IntArrayRef sizes, at::ScalarType dtype) {
-  auto it = spare_.find({static_cast<int>(dtype), sizes.vec()});
-  if (it == spare_.end() || it->second.empty()) return at::empty(sizes, at::TensorOptions().dtype(dtype));
+at::Tensor CarryExchange::take_buffer(at::IntArrayRef sizes, at::ScalarType dtype, at::Device device) {
+  auto it = spare_.find({static_cast<int>(dtype), device.str(), sizes.vec()});
+  if (it == spare_.end() || it->second.empty())
+    return at::empty(sizes, at::TensorOptions().dtype(dtype).device(device));
   at::Tensor buffer = std::move(it->second.back());
   it->second.pop_back();
   --spare_count_;
@@ -76,7 +77,8 @@ void CarryExchange::give_back(at::Tensor buffer) {
   if (!buffer.defined() || buffer.use_count() != 1 || buffer.storage().use_count() != 1 ||
       spare_count_ >= kMaxSpare)
     return;
-  spare_[{static_cast<int>(buffer.scalar_type()), buffer.sizes().vec()}].push_back(std::move(buffer));
+  spare_[{static_cast<int>(buffer.scalar_type()), buffer.device().str(), buffer.sizes().vec()}].push_back(
+      std::move(buffer));
   ++spare_count_;
 }
 
@@ -85,8 +87,8 @@ void CarryExchange::give_back(std::map<std::string, at::Tensor>& gradients) {
   gradients.clear();
 }
 
-CarryExchange::CarryExchange(std::shared_ptr<dist::Comm> pipeline, int64_t global_stages)
-    : comm_(std::move(pipeline)), global_stages_(global_stages) {}
+CarryExchange::CarryExchange(std::shared_ptr<dist::Comm> pipeline, int64_t global_stages, at::Device device)
+    : comm_(std::move(pipeline)), global_stages_(global_stages), device_(device) {}
 
 CarryExchange::~CarryExchange() = default;
 
@@ -108,7 +110,7 @@ void CarryExchange::send_forward(const core::Carry& carry, int64_t peer, int64_t
     throw ModelError(
         fmt::format("pipeline: stage {}'s carry is described in {} bytes, more than a header's {}", stage,
                     text.size(), kHeaderBytes));
-  at::Tensor header = take_buffer({kHeaderBytes}, at::kByte);
+  at::Tensor header = take_buffer({kHeaderBytes}, at::kByte, at::kCPU);
   header.zero_();
   std::memcpy(header.data_ptr<uint8_t>(), text.data(), text.size());
   ForwardSend& sends = forward_sends_[{micro_batch, stage}];
@@ -123,7 +125,7 @@ void CarryExchange::start_receive_forward(int64_t peer, int64_t micro_batch, int
   auto& header = headers_[{micro_batch, stage}];
   if (header) return;
   auto made = std::make_unique<Header>();  // kept only once its receive is posted
-  made->bytes = take_buffer({kHeaderBytes}, at::kByte);
+  made->bytes = take_buffer({kHeaderBytes}, at::kByte, at::kCPU);
   made->work = comm_->start_recv(made->bytes, peer, tag(micro_batch, stage - 1, false, 0));
   header = std::move(made);
 }
@@ -140,7 +142,7 @@ core::Carry CarryExchange::receive_forward(int64_t peer, int64_t micro_batch, in
   std::vector<std::unique_ptr<dist::PendingWork>> work;
   int64_t part = 1;
   for (const Entry& e : entries) {
-    tensors.push_back(at::empty(e.sizes, at::TensorOptions().dtype(e.dtype)));
+    tensors.push_back(at::empty(e.sizes, at::TensorOptions().dtype(e.dtype).device(device_)));
     work.push_back(comm_->start_recv(tensors.back(), peer, tag(micro_batch, stage - 1, false, part++)));
   }
   for (auto& w : work) w->wait();
@@ -160,7 +162,7 @@ void CarryExchange::start_receive_backward(const core::Carry& output, int64_t pe
   for (const auto& [name, t] : output.tensors()) {
     if (!t.requires_grad()) continue;
     receive.names.push_back(name);
-    receive.buffers.push_back(take_buffer(t.sizes(), t.scalar_type()));
+    receive.buffers.push_back(take_buffer(t.sizes(), t.scalar_type(), t.device()));
     receive.work.push_back(
         comm_->start_recv(receive.buffers.back(), peer, tag(micro_batch, stage + 1, true, part++)));
   }

@@ -18,6 +18,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -28,8 +29,9 @@ namespace loom::parallel::pipeline {
 
 class CarryExchange {
  public:
-  // `global_stages`: parallel.pp x parallel.virtual_stages (bounds the tags).
-  CarryExchange(std::shared_ptr<dist::Comm> pipeline, int64_t global_stages);
+  // `global_stages`: parallel.pp x parallel.virtual_stages (bounds the tags). The carries arrive on
+  // `device` (the job's); their headers travel as CPU bytes.
+  CarryExchange(std::shared_ptr<dist::Comm> pipeline, int64_t global_stages, at::Device device = at::kCPU);
   ~CarryExchange();
   CarryExchange(const CarryExchange&) = delete;
   CarryExchange& operator=(const CarryExchange&) = delete;
@@ -67,11 +69,12 @@ class CarryExchange {
  private:
   struct Header;
   int64_t tag(int64_t micro_batch, int64_t stage, bool backward, int64_t part) const;
-  at::Tensor take_buffer(at::IntArrayRef sizes, at::ScalarType dtype);
+  at::Tensor take_buffer(at::IntArrayRef sizes, at::ScalarType dtype, at::Device device);
   void give_back(at::Tensor buffer);
 
   std::shared_ptr<dist::Comm> comm_;
   int64_t global_stages_;
+  at::Device device_;
   // Forward sends by (micro-batch, stage); gradient sends in the order started.
   struct ForwardSend {
     at::Tensor header;
@@ -89,7 +92,8 @@ class CarryExchange {
   };
   std::map<std::pair<int64_t, int64_t>, GradientReceive> gradients_;
   double receive_wait_s_ = 0;
-  std::map<std::pair<int, std::vector<int64_t>>, std::vector<at::Tensor>> spare_;  // by dtype and shape
+  // By dtype, device and shape.
+  std::map<std::tuple<int, std::string, std::vector<int64_t>>, std::vector<at::Tensor>> spare_;
   size_t spare_count_ = 0;
   int64_t reused_ = 0;
 };

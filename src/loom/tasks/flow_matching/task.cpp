@@ -22,7 +22,8 @@ constexpr double kFps = 8;  // sampled clips play at this rate
 }  // namespace
 
 FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
-                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer) {
+                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer,
+                              const at::Device& device) {
   FlowHelpers helpers;
   std::string vae_dir;  // "": an inline config, its weights drawn from the seed
   if (!job.model.vae.empty()) {
@@ -51,6 +52,8 @@ FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanCon
   if (helpers.captions->width() != dit.text_dim)
     throw ConfigError(fmt::format("model.text_encoder: its features are {} wide; the DiT's text_dim is {}",
                                   helpers.captions->width(), dit.text_dim));
+  helpers.vae->to(device);
+  helpers.captions->to(device);
   return helpers;
 }
 
@@ -67,7 +70,7 @@ FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr
     clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
     builtin = clips_->builtin_tokenizer();
   }
-  helpers_ = load_flow_helpers(job, model_->config, builtin);
+  helpers_ = load_flow_helpers(job, model_->config, builtin, layout.device);
   if (features_)
     features_->check_helpers(helpers_.vae->config, "model.vae", *helpers_.captions, "model.text_encoder");
   const auto& t = job.training;
@@ -208,10 +211,11 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
                                             const core::Stage& stage, core::Carry input, core::Carry* output,
                                             bool sharded) const {
   const auto& weight = model_->patch_embedding->weight;
-  const at::Tensor s = sigma.to(at::kFloat);
-  const at::Tensor xt = noised(x0, noise, s);
-  const at::Tensor latents = xt.to(weight.scalar_type()), timesteps = sigma * 1000.0,
-                   words = text.to(weight.scalar_type());
+  const at::Device device = weight.device();
+  const at::Tensor s = sigma.to(device, at::kFloat);
+  const at::Tensor xt = noised(x0.to(device), noise.to(device), s);
+  const at::Tensor latents = xt.to(weight.scalar_type()), timesteps = sigma.to(device) * 1000.0,
+                   words = text.to(device, weight.scalar_type());
   const auto context = sharded ? model_->sharded_context(latents, timesteps, words)
                                : model_->context(latents, timesteps, words);
   core::Carry carry = stage.forward(std::move(input), context);
@@ -219,7 +223,8 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
     *output = std::move(carry);
     return {};
   }
-  const at::Tensor target = models::head_tokens(velocity_target(x0, noise), model_->config.patch_size);
+  const at::Tensor target =
+      models::head_tokens(velocity_target(x0.to(device), noise.to(device)), model_->config.patch_size);
   const at::Tensor predicted = carry.get("hidden").to(at::kFloat);
   if (!context->shard.enabled()) return (predicted - target).pow(2).sum();
   // Context parallelism: this rank's positions of every sample, its padding left out.

@@ -31,6 +31,11 @@ struct FlowMicroBatch : core::MicroBatch {
   std::vector<at::Tensor> text;       // each caption's features (the empty caption's where dropped)
   at::Tensor sigma;                   // [B] float64, the noise levels
   at::Tensor noise;                   // [B, z, T', h, w]
+  std::vector<at::Tensor*> device_inputs() override {
+    std::vector<at::Tensor*> out{&video, &x0, &sigma, &noise};
+    for (at::Tensor& t : text) out.push_back(&t);
+    return out;
+  }
 };
 
 // The frozen helpers of a flow-matching job, as model.vae and model.text_encoder name them: the VAE
@@ -41,7 +46,8 @@ struct FlowHelpers {
   std::shared_ptr<CaptionEncoder> captions;
 };
 FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
-                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer);
+                              std::shared_ptr<const data::Tokenizer> builtin_tokenizer,
+                              const at::Device& device = at::kCPU);
 
 class FlowMatchingTask : public core::Task {
  public:

@@ -52,6 +52,13 @@ std::vector<int64_t> CaptionEncoder::token_ids(const std::string& caption) const
   return ids;
 }
 
+void CaptionEncoder::to(const at::Device& device) {
+  model_->to(device);
+  device_ = device;
+  std::lock_guard<std::mutex> lock(mutex_);
+  for (auto& [caption, features] : cache_) features = features.to(device);
+}
+
 std::vector<at::Tensor> CaptionEncoder::encode(const std::vector<std::string>& captions) const {
   std::vector<at::Tensor> out;
   for (const std::string& caption : captions) {
@@ -63,7 +70,7 @@ std::vector<at::Tensor> CaptionEncoder::encode(const std::vector<std::string>& c
       }
     }
     const std::vector<int64_t> ids = token_ids(caption);
-    const at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0);
+    const at::Tensor input = at::tensor(ids, at::kLong).unsqueeze(0).to(device_);
     at::Tensor features;
     {
       at::NoGradGuard no_grad;

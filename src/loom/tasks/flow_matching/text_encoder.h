@@ -31,6 +31,8 @@ class CaptionEncoder {
   // Token ids of a caption: its words, then the end token, at most text_len in all.
   std::vector<int64_t> token_ids(const std::string& caption) const;
   int64_t width() const { return model_->config.d_model; }
+  // Moves the encoder to `device`: features are computed, and kept, there.
+  void to(const at::Device& device);
 
   // Captions whose features are kept: the built-in set's all; the user's recent ones, first in first out.
   static constexpr size_t kCachedCaptions = 4096;
@@ -39,6 +41,7 @@ class CaptionEncoder {
   std::shared_ptr<models::UMT5EncoderModel> model_;
   std::shared_ptr<const data::Tokenizer> tokenizer_;
   int64_t text_len_;
+  at::Device device_ = at::kCPU;
   mutable std::mutex mutex_;
   mutable std::map<std::string, at::Tensor> cache_;
   mutable std::deque<std::string> cached_order_;  // oldest first

@@ -198,7 +198,7 @@ void VaeTask::save_artifacts(const std::string& dir) const {
   }
   // Per channel, over the clips, frames and positions.
   const at::Tensor all = at::cat(means, 1);
-  const at::Tensor mean = all.mean(1), deviation = all.std(1).clamp_min(1e-6);
+  const at::Tensor mean = all.mean(1).cpu(), deviation = all.std(1).clamp_min(1e-6).cpu();
   models::WanVaeConfig config = model_->config;
   config.latents_mean.assign(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel());
   config.latents_std.assign(deviation.data_ptr<double>(), deviation.data_ptr<double>() + deviation.numel());

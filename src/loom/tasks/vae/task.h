@@ -20,6 +20,7 @@ namespace loom::tasks {
 struct VaeMicroBatch : core::MicroBatch {
   at::Tensor video;  // [B, 3, T, H, W] in [-1, 1]
   at::Tensor noise;  // [B, z, T', h, w]: each sample's draws, from (seed, its place in the run)
+  std::vector<at::Tensor*> device_inputs() override { return {&video, &noise}; }
 };
 
 class VaeTask : public core::Task {

@@ -49,7 +49,8 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
 // slices; otherwise, with fused kernels, the head and the loss run chunk by chunk without the whole
 // logits.
 at::Tensor prediction_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
-                               const at::Tensor& predicting, const at::Tensor& targets) {
+                               const at::Tensor& predicting, const at::Tensor& host_targets) {
+  const at::Tensor targets = host_targets.to(predicting.device(), /*non_blocking=*/true);
   const int64_t width = predicting.size(-1);
   const auto& tp = model.llm_tp();
   if (tp.size() == 1 && nn::fused_kernels())

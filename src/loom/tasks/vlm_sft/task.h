@@ -21,6 +21,9 @@ namespace loom::tasks {
 struct VlmMicroBatch : core::MicroBatch {
   data::Batch batch;
   int64_t context_parallel = 0;  // the degree its tokens are split over (0: the job's parallel.cp)
+  // The images and the labels; the token ids and the mask stay on the host, where positions and
+  // counts are worked out from them.
+  std::vector<at::Tensor*> device_inputs() override { return {&batch.pixel_values, &batch.labels}; }
 };
 
 // A collated or packed batch as the model's inputs.
