@@ -24,6 +24,8 @@
 
 #if defined(LOOM_TORCH_CUDA) && defined(USE_C10D_NCCL)
 #define LOOM_COMM_NCCL
+#include <torch/csrc/api/include/torch/version.h>
+
 #include <torch/csrc/distributed/c10d/ProcessGroupNCCL.hpp>
 #endif
 
@@ -221,11 +223,14 @@ struct Comm::Group {
 #ifdef LOOM_COMM_NCCL
   c10::intrusive_ptr<c10d::ProcessGroupNCCL> nccl;  // CUDA tensors
   ~Group() {
-    // NCCL's communicators are released in order (its destructor alone warns and may wait on them).
+    // NCCL's communicators are released in order (PyTorch 2's destructor alone warns and may wait on
+    // them; 1.x's has no shutdown).
+#if TORCH_VERSION_MAJOR >= 2
     if (nccl) try {
         nccl->shutdown();
       } catch (const std::exception&) {
       }
+#endif
   }
 #endif
   std::chrono::seconds timeout;

@@ -1,5 +1,6 @@
 #include "loom/data/video/libav_error.h"
 
+#ifdef LOOM_WITH_FFMPEG  // its only users, the MP4 writer and the video decoder, need FFmpeg too
 extern "C" {
 #include <libavutil/error.h>
 #include <libavutil/log.h>
@@ -47,3 +48,5 @@ std::string libav_error_text(int code) {
 }
 
 }  // namespace loom::data
+
+#endif  // LOOM_WITH_FFMPEG

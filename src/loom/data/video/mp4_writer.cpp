@@ -1,11 +1,13 @@
 #include "loom/data/video/mp4_writer.h"
 
+#ifdef LOOM_WITH_FFMPEG
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
 #include <libavutil/opt.h>
 #include <libswscale/swscale.h>
 }
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -13,12 +15,15 @@ extern "C" {
 #include <memory>
 #include <vector>
 
-#include "loom/data/video/libav_error.h"
-#include "loom/data/video/libav_handles.h"
 #include "loom/data/video/staged_file.h"
 #include "loom/util/errors.h"
+#ifdef LOOM_WITH_FFMPEG
+#include "loom/data/video/libav_error.h"
+#include "loom/data/video/libav_handles.h"
+#endif
 
 namespace loom::data {
+#ifdef LOOM_WITH_FFMPEG
 namespace {
 
 // Owners of FFmpeg's objects, each freed by its own function.
@@ -49,7 +54,9 @@ const AVCodec* find_encoder(Mp4Codec codec) {
 }
 
 }  // namespace
+#endif
 
+#ifdef LOOM_WITH_FFMPEG
 bool h264_encoder_available() { return avcodec_find_encoder_by_name("libx264") != nullptr; }
 
 void write_mp4(const Video& video, const std::string& path, Mp4Codec codec) {
@@ -171,5 +178,17 @@ void write_mp4(const Video& video, const std::string& path, Mp4Codec codec) {
   if (rc < 0) throw fail("cannot close " + file.temporary_path(), rc);
   file.commit();
 }
+#else
+bool h264_encoder_available() { return false; }
+
+void write_mp4(const Video& video, const std::string& path, Mp4Codec) {
+  if (const std::string why = video_shape_error(video); !why.empty())
+    throw DataError(fmt::format("cannot write MP4 {}: {}", path, why));
+  throw DataError(
+      fmt::format("cannot write MP4 {}: this Loom was built without FFmpeg's libraries (libavformat-dev, "
+                  "libavcodec-dev, libavutil-dev, libswscale-dev: scripts/setup.sh installs them)",
+                  path));
+}
+#endif
 
 }  // namespace loom::data

@@ -2,6 +2,7 @@
 // samples side by side); swscale converts each sampled frame straight into the output clip.
 #include "loom/data/video/video_decode.h"
 
+#ifdef LOOM_WITH_FFMPEG
 extern "C" {
 #include <libavcodec/avcodec.h>
 #include <libavformat/avformat.h>
@@ -9,6 +10,7 @@ extern "C" {
 #include <libavutil/pixdesc.h>
 #include <libswscale/swscale.h>
 }
+#endif
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -19,12 +21,15 @@ extern "C" {
 #include <vector>
 
 #include "loom/data/image/decode.h"
+#include "loom/util/errors.h"
+#ifdef LOOM_WITH_FFMPEG
 #include "loom/data/video/libav_error.h"
 #include "loom/data/video/libav_handles.h"
-#include "loom/util/errors.h"
+#endif
 #include "loom/util/filesystem.h"
 
 namespace loom::data {
+#ifdef LOOM_WITH_FFMPEG
 namespace {
 
 // Two time stamps this close are the same instant: sample times are computed in doubles, source
@@ -124,6 +129,7 @@ class FrameConverter {
 };
 
 }  // namespace
+#endif
 
 void check_video_sampling(const VideoSampling& sampling) {
   if (sampling.frames < 1)
@@ -140,6 +146,7 @@ void check_video_sampling(const VideoSampling& sampling) {
                                   sampling.height, sampling.width, kMaxImagePixels));
 }
 
+#ifdef LOOM_WITH_FFMPEG
 Video decode_video(const std::string& path, const VideoSampling& sampling) {
   check_video_sampling(sampling);
   auto fail = [&path](const std::string& reason) {
@@ -345,5 +352,14 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
       "last at {:.4g} s)",
       frames_taken, source_fps, end, video.frames, sampling.fps, (video.frames - 1) / sampling.fps));
 }
+#else
+Video decode_video(const std::string& path, const VideoSampling& sampling) {
+  check_video_sampling(sampling);
+  throw DataError(
+      fmt::format("{}: cannot decode: this Loom was built without FFmpeg's libraries (libavformat-dev, "
+                  "libavcodec-dev, libavutil-dev, libswscale-dev: scripts/setup.sh installs them)",
+                  path));
+}
+#endif
 
 }  // namespace loom::data
