@@ -47,23 +47,7 @@ cat > "$WORK/mixed.jsonl" <<'JSONL'
 {"messages": [{"role": "user", "content": "Count to two."}, {"role": "assistant", "content": "one two"}]}
 JSONL
 cat > "$WORK/mixed.yaml" <<YAML
-model:
-  family: qwen2_vl
-  hf_config:
-    model_type: qwen2_vl
-    vocab_size: 267
-    hidden_size: 64
-    intermediate_size: 128
-    num_hidden_layers: 2
-    num_attention_heads: 4
-    num_key_value_heads: 2
-    tie_word_embeddings: true
-    rope_scaling: {type: mrope, mrope_section: [2, 3, 3]}
-    vision_start_token_id: 263
-    vision_end_token_id: 264
-    image_token_id: 265
-    video_token_id: 266
-    vision_config: {depth: 2, embed_dim: 32, num_heads: 2, mlp_ratio: 2, hidden_size: 64}
+$(tiny_chat_model 2)
 data:
   dataset: messages
   tokenizer: $FIX/chatml_bpe_tokenizer.json
