@@ -53,7 +53,6 @@ int main(int argc, char** argv) {
   }
   try {
     configure_logging(log_level);
-    cli::set_blas_threads(at::get_num_threads());
     for (const cli::Command& command : commands)
       if (*command.parsed) return command.run();
   } catch (const std::exception& e) {

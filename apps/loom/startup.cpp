@@ -1,55 +1,21 @@
 #include "startup.h"
 
 #include <ATen/Parallel.h>
-#include <dlfcn.h>
 #include <malloc.h>
 #include <sched.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdlib>
 #include <string>
 
 namespace loom::cli {
 
-namespace {
-
-// OpenBLAS picks its kernels from the CPU model when it loads. On a CPU it does not recognise (the
-// 2-core machine reports a generic "Intel(R) Xeon(R) Processor") it falls back to Prescott's SSE3
-// kernels, although the CPU has AVX-512: sgemm ran at 63 GFLOP/s instead of 306 and a training
-// step took 1.7x longer. The core type that matches the instruction set, or nothing to change.
-std::string openblas_core_for_this_cpu() {
-  using CoreName = char* (*)();
-  const auto name = reinterpret_cast<CoreName>(dlsym(RTLD_DEFAULT, "openblas_get_corename"));
-  if (!name || std::getenv("OPENBLAS_CORETYPE") != nullptr) return "";
-  std::string core = name();
-  std::transform(core.begin(), core.end(), core.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (core != "prescott") return "";
-#if defined(__x86_64__)
-  __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl"))
-    return "SkylakeX";
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return "Haswell";
-#endif
-  return "";
-}
-
-}  // namespace
-
 void ensure_startup_environment(char** argv) {
-  bool restart = false;
-  if (std::getenv("OMP_WAIT_POLICY") == nullptr) {
-    setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
-    restart = true;
-  }
-  if (const std::string core = openblas_core_for_this_cpu(); !core.empty()) {
-    setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-    restart = true;
-  }
-  if (restart) execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr) return;
+  setenv("OMP_WAIT_POLICY", "PASSIVE", 1);
+  execv("/proc/self/exe", argv);  // returns only on failure; then run as we are
 }
 
 // A training step frees and reallocates the same tensors over and over. glibc's defaults give
@@ -65,11 +31,6 @@ void keep_freed_memory() {
   mallopt(M_TRIM_THRESHOLD, 1 << 30);   // give the heap top back only beyond 1 GiB free
   mallopt(M_TOP_PAD, 256 << 20);        // and grow it in 256 MiB steps
 #endif
-}
-
-void set_blas_threads(int threads) {
-  using SetThreads = void (*)(int);
-  if (auto fn = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"))) fn(threads);
 }
 
 // OpenMP's own default is not used: on the 2-core machine libgomp offered 1 thread, so a default job
@@ -88,8 +49,7 @@ void use_threads(int64_t configured, int64_t local_processes) {
                  threads, kThreadsPerCore, available, most);
     threads = most;
   }
-  at::set_num_threads(static_cast<int>(threads));
-  set_blas_threads(static_cast<int>(threads));
+  at::set_num_threads(static_cast<int>(threads));  // ATen's OpenMP threads, and MKL's with them
 }
 
 }  // namespace loom::cli

@@ -25,6 +25,9 @@ done
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 loom=build/loom
+export PATH="$PWD/.venv/bin:$PATH"  # the judge's python3: the project virtualenv's, as under CTest
+python3 -c "import numpy, torch" 2> /dev/null ||
+  { echo "default_job.sh: $(command -v python3) lacks torch or numpy (bash scripts/setup.sh --oracles)" >&2; exit 1; }
 dit=(--set model.vae="$out/vae" --set data.features="$out/features" "${dit_set[@]}")
 
 phase() {  # NAME COMMAND...: runs the command into OUT/NAME.log and appends its seconds to times.txt
@@ -43,5 +46,5 @@ phase dit $loom train configs/wan-moving-fashion.yaml --set training.output_dir=
 awk '{ total += $2 } END { printf "total %d s (%.1f min)\n", total, total / 60 }' "$out/times.txt" |
   tee -a "$out/times.txt"
 samples_dir=$(ls -d "$out"/dit/samples/step-* | tail -1)
-/usr/bin/python3 bench/judge/moving_fashion_judge.py --samples "$samples_dir" > "$out/judge.txt" 2>&1
+python3 bench/judge/moving_fashion_judge.py --samples "$samples_dir" > "$out/judge.txt" 2>&1
 tail -1 "$out/judge.txt"

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """An independent judge of Moving Fashion-MNIST clips.
 
 Loom's video job trains a text-to-video model on clips of one Fashion-MNIST item (28x28) sliding edge to
@@ -8,7 +8,8 @@ caption. It shares nothing with Loom but the definition of the data: the classif
 trained here with torch on Fashion-MNIST's training split, the real clips are synthesised here from the
 t10k split, and the PNG frames are decoded here with zlib and numpy.
 
-Run it with Debian's /usr/bin/python3 (torch and numpy; nothing else). Modes:
+Run it with the project virtualenv's Python, .venv/bin/python3 (torch and numpy; nothing else;
+`bash scripts/setup.sh --oracles` makes it). Modes:
   --real N        judge N real held-out clips made here: the accuracy that qualifies the judge
   --samples DIR   judge the clips of DIR/captions.json (frames in DIR/<name>/frame-*.png)
   --frames-dir D  judge one clip of PNG frames, against --caption if given
@@ -294,7 +295,7 @@ def load_classifier(cache, data_dir, log):
     settings = dict(TRAINING, noise_floor=NOISE_FLOOR, extent_quantile=EXTENT_QUANTILE)  # all that shapes it
     digest = hashlib.sha256(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:16]
     if os.path.exists(cache):
-        saved = torch.load(cache, map_location="cpu")
+        saved = torch.load(cache, map_location="cpu", weights_only=True)  # tensors, numbers, strings
         if saved.get("settings_hash") == digest:
             model = FashionNet()
             model.load_state_dict(saved["state"])

@@ -1,11 +1,8 @@
-"""What Loom's PyTorch-eager peers share (bench/reference/qwen2vl_eager.py, wan_eager.py): reading what
+"""What Loom's PyTorch peers share (bench/reference/qwen2vl_transformers.py, wan_eager.py): reading what
 `loom data export` writes, the learning-rate schedule, and the training loop with its timing, so the
 peers differ only in their model and loss.
-
-Import it before torch: it may restart the process with OpenBLAS's kernels settled.
 """
 import argparse
-import ctypes
 import json
 import math
 import os
@@ -14,34 +11,7 @@ import struct
 import sys
 import time
 
-
-def ensure_openblas_kernels():
-    """The start-up fix Loom makes too (apps/loom/startup.cpp), so both sides multiply with the same
-    kernels: OpenBLAS falls back to Prescott's SSE3 kernels on a CPU model it does not recognise,
-    although the CPU has AVX2 or AVX-512; then pick the kernels that match and start again."""
-    if "OPENBLAS_CORETYPE" in os.environ:
-        return
-    try:
-        openblas = ctypes.CDLL("libopenblas.so.0")
-        openblas.openblas_get_corename.restype = ctypes.c_char_p
-        core = openblas.openblas_get_corename().decode().lower()
-    except (OSError, AttributeError):
-        return
-    if core != "prescott":
-        return
-    flags = set(open("/proc/cpuinfo").read().split())
-    if {"avx512f", "avx512bw", "avx512dq", "avx512vl"} <= flags:
-        os.environ["OPENBLAS_CORETYPE"] = "SkylakeX"
-    elif {"avx2", "fma"} <= flags:
-        os.environ["OPENBLAS_CORETYPE"] = "Haswell"
-    else:
-        return
-    os.execv(sys.executable, [sys.executable] + sys.argv)
-
-
-ensure_openblas_kernels()
-
-import torch  # noqa: E402 (after the environment is settled)
+import torch
 
 DTYPES = {"F32": torch.float32, "F64": torch.float64, "F16": torch.float16, "BF16": torch.bfloat16,
           "I64": torch.int64, "I32": torch.int32, "I16": torch.int16, "I8": torch.int8, "U8": torch.uint8,
@@ -63,6 +33,17 @@ def load_safetensors(path):
     return out
 
 
+def load_weights(model, path, may_lack=()):
+    """Loads the safetensors file at `path` into `model`, whose parameter names are the file's; every
+    name must match but those in may_lack (a tied LM head the file may leave out)."""
+    missing, unexpected = model.load_state_dict(load_safetensors(path), strict=False)
+    missing = [m for m in missing if m not in may_lack]
+    if missing or unexpected:
+        sys.exit(f"{os.path.basename(sys.argv[0])}: the weights in {path} do not fit the model: "
+                 f"missing {missing}, unexpected {unexpected}")
+    return model
+
+
 def learning_rate(step, s):
     warmup, total = s["warmup_steps"], s["steps"]
     if step < warmup:
@@ -81,13 +62,14 @@ def micro_batches(path):
     return [batches[i] for i in sorted(batches)]
 
 
-def train(doc, program, task, build_model, count_of, loss_of, tokens_of):
+def train(doc, program, task, load_model, count_of, loss_of, tokens_of):
     """The peer's command line and training loop over an export of `task`.
 
-    build_model(config) -> (model, the parameter names the weights file may lack); count_of(batches) ->
-    what normalises the step's loss; loss_of(model, batch) -> one micro-batch's loss sum, a
-    differentiable scalar. Each micro-batch's backward pass takes its sum / count as soon as it is
-    computed (as Loom's trainer does), so the step's loss is the sum over its micro-batches / count.
+    load_model(model_dir) -> the model holding the export's initial weights (model_dir holds
+    config.json and model.safetensors); count_of(batches) -> what normalises the step's loss;
+    loss_of(model, batch) -> one micro-batch's loss sum, a differentiable scalar. Each micro-batch's
+    backward pass takes its sum / count as soon as it is computed (as Loom's trainer does), so the
+    step's loss is the sum over its micro-batches / count.
     tokens_of(model, batches) -> the step's tokens as Loom's bench counts them."""
     parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("export_dir")
@@ -103,13 +85,8 @@ def train(doc, program, task, build_model, count_of, loss_of, tokens_of):
     if settings["precision"] != "fp32":
         sys.exit(f"{program}: the reference trains fp32 jobs; this one is {settings['precision']}")
     torch.set_num_threads(args.threads or settings["threads"])
-    config = json.load(open(f"{args.export_dir}/model/config.json"))
-    model, may_lack = build_model(config)
-    weights = load_safetensors(f"{args.export_dir}/model/model.safetensors")
-    missing, unexpected = model.load_state_dict(weights, strict=False)
-    missing = [m for m in missing if m not in may_lack]
-    if missing or unexpected:
-        sys.exit(f"{program}: weights do not fit: missing {missing}, unexpected {unexpected}")
+    model = load_model(f"{args.export_dir}/model")
+    model.train()
 
     decay = [p for n, p in model.named_parameters() if p.dim() >= 2]
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]

@@ -1,4 +1,4 @@
-#!/usr/bin/python3
+#!/usr/bin/env python3
 """The Wan2.1 DiT in PyTorch eager mode, written the way the official Wan2.1 code writes it
 (wan/modules/model.py, WanModel t2v): the peer that `bench/compare` runs beside Loom's
 flow-matching training.
@@ -12,14 +12,16 @@ flash-attn, no scaled_dot_product_attention, no compilation.
   wan_eager.py EXPORT_DIR [--steps N]                    print each step's loss (JSON lines)
   wan_eager.py EXPORT_DIR --bench --steps N --warmup W   time N steps after W, print one JSON
 
-Debian's python3-torch (1.13) is all it needs.
+torch is all it needs: run it with the project virtualenv's Python (`.venv`, made by
+`bash scripts/setup.sh`), as bench/compare does.
 """
+import json
 import math
 
-from eager_training import load_safetensors, train  # first: it settles OpenBLAS before torch loads
+import torch
+import torch.nn as nn
 
-import torch  # noqa: E402 (after the environment is settled)
-import torch.nn as nn  # noqa: E402
+from eager_training import load_weights, train
 
 
 
@@ -212,6 +214,8 @@ def patch_tokens(batches, patch_size):
 
 
 if __name__ == "__main__":
-    train(__doc__, "wan_eager.py", "flow_matching", lambda config: (WanModel(config), []),
+    train(__doc__, "wan_eager.py", "flow_matching",
+          lambda model_dir: load_weights(WanModel(json.load(open(f"{model_dir}/config.json"))),
+                                         f"{model_dir}/model.safetensors"),
           lambda batches: sum(b["noise"].numel() for b in batches),  # the latent elements
           velocity_error, lambda model, batches: patch_tokens(batches, model.patch_size))

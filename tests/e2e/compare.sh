@@ -1,5 +1,6 @@
-# bench/compare on the tiny shapes job: Loom and the PyTorch-eager reference (Debian's
-# python3-torch) load the same initial weights and train the same exported batches; the script
+# bench/compare on the tiny shapes job: Loom and the PyTorch reference, transformers' Qwen2-VL with
+# SDPA attention on packed rows (the torch and transformers of the python3 on the PATH, the project
+# virtualenv's), load the same initial weights and train the same exported batches; the script
 # itself fails unless their losses agree within 1e-4 for 5 steps. Here: it succeeds, the losses it
 # printed agree to 1e-5, and its last line is one JSON object with the ratios and figures, each
 # positive. Speeds are machine-dependent and never asserted.
@@ -32,4 +33,4 @@ print(f"compare: agree to {r['max_loss_rel_diff_5_steps']:.1e}; tokens/s ratio {
       f"peak memory ratio {r['peak_memory_ratio']:.2f}")
 PY
 done
-echo "compare: Loom and the eager references (Qwen2-VL, Wan DiT) agree; the report has every field"
+echo "compare: Loom and the PyTorch references (Qwen2-VL, Wan DiT) agree; the report has every field"

@@ -8,7 +8,6 @@
 #   export, and a job with only init_from (no hf_config) trains the same from either;
 # - `loom eval --checkpoint` and `loom export` take a run directory (its newest checkpoint).
 source "$(dirname "$0")/lib.bash"
-PY=/usr/bin/python3  # Debian's, with python3-jinja2
 common=(--set training.steps=2 --set training.global_batch_size=8 --set training.micro_batch_size=8
         --set training.warmup_steps=1 --set training.save_every=0 --set data.packing=false)
 small_job "${common[@]}" --set training.output_dir="$WORK/run" > "$WORK/run.log" 2>&1 || { cat "$WORK/run.log"; fail train; }
@@ -18,7 +17,7 @@ small_job "${common[@]}" --set training.precision=bf16 --set training.output_dir
   > "$WORK/data.log" 2>&1 || { cat "$WORK/data.log"; fail "data export"; }
 
 CK="$WORK/run/step-00000002"
-"$PY" - "$CK" "$WORK/bf16/step-00000002" "$WORK/data/steps/step-000001.safetensors" <<'PY'
+python3 - "$CK" "$WORK/bf16/step-00000002" "$WORK/data/steps/step-000001.safetensors" <<'PY'
 import json, re, struct, sys
 import jinja2
 ck, bf16, step = sys.argv[1:]
@@ -72,7 +71,7 @@ if "$LOOM" export "$CK" --out "$WORK/single" > "$WORK/again.log" 2>&1; then fail
 grep -q "exists and is not an empty directory" "$WORK/again.log" || { cat "$WORK/again.log"; fail "no refusal"; }
 if "$LOOM" export "$CK" --out "$WORK/x" --max-shard-size 5XB > "$WORK/size.log" 2>&1; then fail "bad size accepted"; fi
 grep -q "export: --max-shard-size: '5XB' is not a size" "$WORK/size.log" || { cat "$WORK/size.log"; fail "bad size message"; }
-"$PY" - "$WORK" <<'PY'
+python3 - "$WORK" <<'PY'
 import json, os, struct, sys
 work = sys.argv[1]
 sharded, single = f"{work}/sharded", f"{work}/single"

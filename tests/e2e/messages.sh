@@ -75,7 +75,7 @@ cat > "$WORK/chat.json" <<'JSON'
 JSON
 "$LOOM" data tokenize --tokenizer "$FIX/chatml_bpe_tokenizer.json" --chat --add-generation-prompt \
   < "$WORK/chat.json" > "$WORK/chat_ids.json"
-/usr/bin/python3 - "$WORK/run/step-00000150" "$WORK/chat.json" > "$WORK/rendered.txt" <<'PY'
+python3 - "$WORK/run/step-00000150" "$WORK/chat.json" > "$WORK/rendered.txt" <<'PY'
 import json, sys
 import jinja2
 ck, chat = sys.argv[1:]
@@ -99,7 +99,7 @@ assert rows[1]["question"] == "Sky<image>" and rows[0]["question_type"] == "eval
 PY
 # loom generate answers the held-out prompts with the decoder the evaluation uses: the same answers,
 # batched (left padding) or one by one; loom chat prints the same answer for one of them.
-/usr/bin/python3 - "$WORK/eval.jsonl" "$FIX" > "$WORK/prompts.jsonl" <<'PY'
+python3 - "$WORK/eval.jsonl" "$FIX" > "$WORK/prompts.jsonl" <<'PY'
 import json, os, sys
 for line in open(sys.argv[1]):
     row = json.loads(line)

@@ -1,11 +1,10 @@
 # tools.tensorboard: every metrics.jsonl record is in the run's TensorBoard event files, read back
-# by an independent reader (python3-protobuf over tests/fixtures/tensorboard/*.proto compiled here by
+# by an independent reader (python3's protobuf over tests/fixtures/tensorboard/*.proto compiled here by
 # protoc, its own CRC32C); a resumed run starts a new file, and what TensorBoard shows for a step
 # run twice is the later run's, as in metrics.jsonl. Each run ends with a loss.png, decoded by zlib.
 source "$(dirname "$0")/lib.bash"
-python=/usr/bin/python3  # Debian's, with python3-protobuf (a python3 earlier on the PATH may lack it)
-command -v protoc > /dev/null && "$python" -c "import google.protobuf" 2> /dev/null ||
-  fail "needs protoc and $python's protobuf (Debian: protobuf-compiler python3-protobuf; scripts/setup.sh)"
+command -v protoc > /dev/null && python3 -c "import google.protobuf" 2> /dev/null ||
+  fail "needs protoc (Debian: protobuf-compiler) and python3's protobuf (bash scripts/setup.sh --oracles)"
 mkdir -p "$WORK/proto"
 protoc -I "$SRC/tests/fixtures/tensorboard" --python_out="$WORK/proto" event.proto summary.proto
 
@@ -21,4 +20,4 @@ small_job "${common[@]}" > "$WORK/second.log" 2>&1 || { cat "$WORK/second.log"; 
 grep -q "resumed from .*step-00000002 at step 2" "$WORK/second.log" || fail "did not resume from step 2"
 grep -q "TensorBoard events: $WORK/run/tensorboard/events.out.tfevents." "$WORK/second.log" ||
   fail "the event file is not named in the log"
-"$python" "$SRC/tests/e2e/tensorboard_reader.py" "$WORK/proto" "$WORK/run" 1,2,3
+python3 "$SRC/tests/e2e/tensorboard_reader.py" "$WORK/proto" "$WORK/run" 1,2,3

@@ -13,7 +13,7 @@
 namespace loom::dist {
 namespace {
 
-// Gloo in libtorch 1.13 cannot sum bf16 or half: they travel as fp32.
+// bf16 and half gradients are summed in fp32 (Comm::all_reduce_sum's rule on the CPU).
 at::ScalarType wire_dtype(at::ScalarType dtype) {
   return dtype == at::kBFloat16 || dtype == at::kHalf ? at::kFloat : dtype;
 }

@@ -67,7 +67,7 @@ class GradReducer {
   int64_t started_in_backward_ = 0;
   std::mutex mutex_;
   // The gradient accumulators carrying the hooks, kept alive so every backward reuses them.
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 };
 

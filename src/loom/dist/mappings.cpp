@@ -42,8 +42,7 @@ at::Tensor mapped(const char* name, const at::Tensor& x, const Transform& forwar
     y = forward(x.detach());
   }
   if (!x.requires_grad() || !at::GradMode::is_enabled()) return y;
-  std::shared_ptr<MappingBackward> node(new MappingBackward(name, std::move(backward)),
-                                        torch::autograd::deleteNode);
+  auto node = c10::make_intrusive<MappingBackward>(name, std::move(backward));
   node->set_next_edges(torch::autograd::collect_next_edges(x));
   torch::autograd::set_history(y, node);
   return y;
@@ -124,7 +123,7 @@ at::Tensor all_gather_along(const at::Tensor& x, Comm& group, int64_t dim) {
 at::Tensor reduce_scatter_along(const at::Tensor& x, Comm& group, int64_t dim) {
   dim = normalized_dim(x, dim);
   check_chunks(x, group, dim, "reduce-scatter");
-  // Gloo in libtorch 1.13 cannot sum bf16 or half: they are summed in fp32.
+  // bf16 and half are summed in fp32 (one rounding per sum, as Comm::all_reduce_sum's).
   const bool widen = x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf;
   const at::Tensor full = widen ? x.to(at::kFloat) : x;
   std::vector<int64_t> split = full.sizes().vec();

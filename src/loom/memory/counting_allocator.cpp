@@ -48,7 +48,7 @@ CountingAllocator::Scope::Scope() : previous_(counting) { counting = true; }
 CountingAllocator::Scope::~Scope() { counting = previous_; }
 bool CountingAllocator::counts_this_thread() { return counting; }
 
-c10::DataPtr CountingAllocator::allocate(size_t bytes) const {
+c10::DataPtr CountingAllocator::allocate(size_t bytes) {
   void* data = underlying->raw_allocate(bytes);
   if (counting && data) {
     const auto size = static_cast<int64_t>(bytes);
@@ -62,10 +62,6 @@ c10::DataPtr CountingAllocator::allocate(size_t bytes) const {
     }
   }
   return {data, data, &CountingAllocator::release, c10::Device(c10::DeviceType::CPU)};
-}
-
-c10::DataPtr CountingAllocator::allocate(size_t bytes) {
-  return static_cast<const CountingAllocator*>(this)->allocate(bytes);
 }
 
 void CountingAllocator::copy_data(void* dest, const void* src, size_t count) const {

@@ -42,10 +42,8 @@ class CountingAllocator final : public c10::Allocator {
   // Starts a new peak from the live bytes.
   void reset_peak() { peak_.store(live_.load()); }
 
-  // c10::Allocator: libtorch 1.13 declares allocate const, later versions not; either overrides.
-  c10::DataPtr allocate(size_t bytes) const;
-  c10::DataPtr allocate(size_t bytes);
-  void copy_data(void* dest, const void* src, size_t count) const;  // pure virtual from PyTorch 2.3
+  c10::DataPtr allocate(size_t bytes) override;
+  void copy_data(void* dest, const void* src, size_t count) const override;
   // Its pointers are plain (their context is the data), as raw_allocate asks.
   c10::DeleterFnPtr raw_deleter() const override;
 

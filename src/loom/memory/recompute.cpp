@@ -172,7 +172,7 @@ core::Carry recomputed(core::Carry carry, const std::function<core::Carry(core::
   if (!at::GradMode::is_enabled() || (!input_needs_grad && !has_trainable_parameters))
     return next(std::move(carry));
 
-  std::shared_ptr<RecomputeBackward> node(new RecomputeBackward(next), torch::autograd::deleteNode);
+  auto node = c10::make_intrusive<RecomputeBackward>(next);
   node->set_generators(GeneratorStates(carry));
   // The run sees detached inputs, so nothing it makes is a no-grad view of a differentiable tensor;
   // an entry it hands back unchanged is given back as the original.

@@ -148,7 +148,7 @@ class FullyShardedModel : public core::LayerRunner {
   bool finishing_ = false;    // a unit is being finished
   bool stopping_ = false;
   std::exception_ptr reduce_error_;
-  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;
+  std::vector<c10::intrusive_ptr<torch::autograd::Node>> accumulators_;
   std::vector<uintptr_t> hook_keys_;
 };
 

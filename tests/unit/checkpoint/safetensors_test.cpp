@@ -437,7 +437,7 @@ TEST(SafetensorsReader, ReadsHuggingFaceFixture) {
   }
   EXPECT_EQ(reader.metadata().at("format"), "pt");
 
-  // Values against numpy's reading of the same bytes (make_qwen2_vl_tiny_values.py).
+  // Values against numpy's reading of the same bytes (tests/fixtures/checkpoint/make.py).
   std::ifstream in(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/checkpoint/qwen2_vl_tiny_values.txt");
   std::string line;
   int checked = 0;

@@ -1,5 +1,5 @@
 // Conversation datasets: reading JSON and JSONL fixtures (tests/fixtures/conversations, made by
-// make_fixtures.py), every bad-input case with its count and message, and the weighted mix.
+// make.py), every bad-input case with its count and message, and the weighted mix.
 #include "loom/data/conversation.h"
 
 #include <gtest/gtest.h>

@@ -1,6 +1,6 @@
 // Fashion VQA: the real Fashion-MNIST files of the dataset-fashion-mnist package (installed by
 // scripts/setup.sh) checked against published facts and bytes read by an independent script, and
-// tiny hand-made directories (tests/fixtures/idx/make_fixtures.py) for exact bytes and errors.
+// tiny hand-made directories (tests/fixtures/idx/make.py) for exact bytes and errors.
 #include "loom/data/fashion_vqa.h"
 
 #include <gtest/gtest.h>
@@ -158,7 +158,7 @@ TEST(FashionVqaReal, IndexOutOfRange) {
 }
 
 TEST(FashionVqaFixture, ExactBytesLabelsAndUnzippedFiles) {
-  // make_fixtures.py: pixel (i, y, x) = (i * 50 + y * 28 + x) % 256; train labels 9 0 3, t10k 8 1.
+  // tests/fixtures/idx/make.py: pixel (i, y, x) = (i * 50 + y * 28 + x) % 256; train labels 9 0 3, t10k 8 1.
   const FashionVqa vqa(fixture_dir("good"), 7);
   ASSERT_EQ(vqa.size(Split::train), 3);
   ASSERT_EQ(vqa.size(Split::eval), 2);

@@ -1,4 +1,4 @@
-// IDX reader: hand-made byte fixtures (tests/fixtures/idx/make_fixtures.py), plain and gzipped,
+// IDX reader: hand-made byte fixtures (tests/fixtures/idx/make.py), plain and gzipped,
 // and every way a file can be broken.
 #include "loom/data/idx.h"
 

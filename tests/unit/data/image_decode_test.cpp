@@ -1,5 +1,5 @@
 // Checks PNG/JPEG decoding against Pillow's own decoding (fixtures written by
-// tests/fixtures/image/make_fixtures.py) and that bad input fails with a DataError naming the file.
+// tests/fixtures/image/make.py) and that bad input fails with a DataError naming the file.
 #include <gtest/gtest.h>
 #include <zlib.h>
 
@@ -102,7 +102,7 @@ TEST(ImageDecode, TruncatedAndCorruptJpegThrowNamingFile) {
 }
 
 TEST(ImageDecode, UnknownFormatAndMissingFileThrowNamingFile) {
-  const std::string script = fixture("make_fixtures.py");
+  const std::string script = fixture("make.py");
   expect_data_error_naming([&] { decode_image_file(script); }, script);
   const uint8_t gif[] = {'G', 'I', 'F', '8', '9', 'a', 0, 0};
   expect_data_error_naming([&] { decode_image_bytes(gif, sizeof(gif), "anim.gif"); }, "anim.gif");

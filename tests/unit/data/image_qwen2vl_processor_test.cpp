@@ -125,7 +125,7 @@ TEST(Qwen2VLProcessor, MatchesHuggingFace) {
 }
 
 // An image that must be resized (37x53 -> 56x84), against the reference steps done in numpy and
-// Pillow by tests/fixtures/image/make_fixtures.py.
+// Pillow by tests/fixtures/image/make.py.
 TEST(Qwen2VLProcessor, ResizedImageMatchesReferenceSteps) {
   const Image image = decode_image_file(fixture("image/src_noise.png"));
   const VisionInput input = qwen2vl_process_image(image);

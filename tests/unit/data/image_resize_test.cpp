@@ -1,5 +1,5 @@
 // Checks resize_bicubic byte for byte against Pillow's Image.resize(..., BICUBIC) on fixtures
-// written by tests/fixtures/image/make_fixtures.py.
+// written by tests/fixtures/image/make.py.
 #include <gtest/gtest.h>
 
 #include <string>

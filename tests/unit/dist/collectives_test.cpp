@@ -1,8 +1,8 @@
 // Comm's collectives across real processes: this test runs as 4 ranks under `loom run -n 4`
 // (tests/e2e/parallel_state.sh); alone it is skipped. Each rank r contributes values built from r,
-// so every result has a closed form: sums and means of all-reduce (fp32 and bf16, which 1.13's
-// Gloo cannot sum natively), the chunks of a reduce-scatter, an all-gather in rank order (fp32 and
-// bf16, moved as bits), and the started (asynchronous) forms of both.
+// so every result has a closed form: sums and means of all-reduce (fp32 and bf16, summed in fp32),
+// the chunks of a reduce-scatter, an all-gather in rank order (fp32 and bf16), and the started
+// (asynchronous) forms of both.
 #include <gtest/gtest.h>
 
 #include "loom_run_world.h"

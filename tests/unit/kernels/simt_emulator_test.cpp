@@ -8,7 +8,9 @@
 #include "loom/kernels/cuda/simt.h"
 #include "loom/kernels/cuda/simt_mma.h"
 
-#if !defined(LOOM_WITH_CUDA)
+// The emulator is compiled where the kernels run under it: a CPU-only build, and the emulated copy
+// of a CUDA build's kernels (loom_kernels_simt_tests).
+#if !defined(LOOM_WITH_CUDA) || defined(LOOM_SIMT_EMULATION)
 
 #include <algorithm>
 #include <cmath>
@@ -17,7 +19,7 @@
 #include <stdexcept>
 #include <vector>
 
-namespace loom::kernels::cuda::simt {
+namespace LOOM_CUDA_NAMESPACE::simt {
 namespace {
 
 TEST(SimtEmulator, BarrierOrdersSharedMemory) {
@@ -192,10 +194,12 @@ TEST(SimtEmulator, WarpMatrixOperationsCheckCudasRules) {
 }
 
 }  // namespace
-}  // namespace loom::kernels::cuda::simt
+}  // namespace LOOM_CUDA_NAMESPACE::simt
 
 #else
 
-TEST(SimtEmulator, NotBuiltWithCuda) { GTEST_SKIP() << "CUDA build: the kernels run on the GPU"; }
+TEST(SimtEmulator, NotBuiltWithCuda) {
+  GTEST_SKIP() << "CUDA build: the emulator's tests are emulated.SimtEmulator.*";
+}
 
 #endif

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "../checkpoint/temp_dir.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
 
@@ -18,12 +19,10 @@ namespace {
 namespace fs = std::filesystem;
 using nlohmann::json;
 
-// A fresh folder under the build tree (the tests' working directory).
+// A folder of its own under this test process's temporary directory (removed at exit).
 fs::path scratch_dir(const std::string& name) {
-  const fs::path dir = fs::current_path() / "train_tests_scratch" / name;
-  std::error_code error;
-  remove_tree(dir.string(), error);
-  return dir;
+  static const checkpoint::testing::TempDir root;
+  return root.path() / name;
 }
 
 std::vector<std::string> read_lines(const fs::path& path) {

@@ -7,38 +7,54 @@ namespace loom::kernels::cpu {
 
 namespace {
 
-// CBLAS's interface (row-major = 101, no transpose = 111, transpose = 112).
-using CblasSgemm = void (*)(int, int, int, int, int, int, float, const float*, int, const float*, int, float,
-                            float*, int);
+// BLAS's Fortran interface, which every BLAS exports (the wheel's libtorch_cpu exports MKL's):
+// column-major, 32-bit sizes, 'N' or 'T'.
+using Sgemm = void (*)(const char*, const char*, const int*, const int*, const int*, const float*,
+                       const float*, const int*, const float*, const int*, const float*, float*, const int*);
 
-CblasSgemm find_cblas_sgemm() {
-  static const CblasSgemm fn = reinterpret_cast<CblasSgemm>(dlsym(RTLD_DEFAULT, "cblas_sgemm"));
+Sgemm find_sgemm() {
+  static const Sgemm fn = reinterpret_cast<Sgemm>(dlsym(RTLD_DEFAULT, "sgemm_"));
   return fn;
 }
 
+// The calling thread's BLAS thread count: MKL's per-thread setting (0: the global one), else
+// OpenBLAS's global count.
+using SetLocalThreads = int (*)(int);
 using GetThreads = int (*)();
 using SetThreads = void (*)(int);
 
 }  // namespace
 
 SingleThreadedBlas::SingleThreadedBlas() {
+  // MKL's C entry point (mkl_service.h maps mkl_set_num_threads_local to it; the lower-case symbol
+  // is the Fortran one, which takes a pointer).
+  static const auto mkl_local =
+      reinterpret_cast<SetLocalThreads>(dlsym(RTLD_DEFAULT, "MKL_Set_Num_Threads_Local"));
   static const auto get = reinterpret_cast<GetThreads>(dlsym(RTLD_DEFAULT, "openblas_get_num_threads"));
   static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (get && set && (previous_ = get()) > 1) set(1);
+  if (mkl_local) {
+    previous_ = mkl_local(1);
+    restore_ = [](int previous) { mkl_local(previous); };
+  } else if (get && set && (previous_ = get()) > 1) {
+    set(1);
+    restore_ = [](int previous) { set(previous); };
+  }
 }
 
 SingleThreadedBlas::~SingleThreadedBlas() {
-  static const auto set = reinterpret_cast<SetThreads>(dlsym(RTLD_DEFAULT, "openblas_set_num_threads"));
-  if (set && previous_ > 1) set(previous_);
+  if (restore_) restore_(previous_);
 }
 
 void gemm(bool transpose_a, bool transpose_b, int64_t m, int64_t n, int64_t k, float alpha, const float* a,
           int64_t lda, const float* b, int64_t ldb, float beta, float* c, int64_t ldc) {
   if (m == 0 || n == 0) return;
-  if (const CblasSgemm sgemm = find_cblas_sgemm()) {
-    sgemm(101, transpose_a ? 112 : 111, transpose_b ? 112 : 111, static_cast<int>(m), static_cast<int>(n),
-          static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb), beta, c,
-          static_cast<int>(ldc));
+  if (const Sgemm sgemm = find_sgemm()) {
+    // Row-major C = op(A) op(B) is column-major C^T = op(B)^T op(A)^T, and a row-major matrix as
+    // stored is its column-major transpose.
+    const int mi = static_cast<int>(m), ni = static_cast<int>(n), ki = static_cast<int>(k);
+    const int ldai = static_cast<int>(lda), ldbi = static_cast<int>(ldb), ldci = static_cast<int>(ldc);
+    const char ta = transpose_a ? 'T' : 'N', tb = transpose_b ? 'T' : 'N';
+    sgemm(&tb, &ta, &ni, &mi, &ki, &alpha, b, &ldbi, a, &ldai, &beta, c, &ldci);
     return;
   }
   at::NoGradGuard no_grad;

@@ -12,7 +12,7 @@
 #include "loom/kernels/cuda/launch.h"
 #include "loom/kernels/cuda/ops.h"
 
-namespace loom::kernels::cuda {
+namespace LOOM_CUDA_NAMESPACE {
 namespace {
 
 using namespace flash;
@@ -171,4 +171,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
   return {dq, dk, dv};
 }
 
-}  // namespace loom::kernels::cuda
+}  // namespace LOOM_CUDA_NAMESPACE

@@ -16,12 +16,13 @@
 // Device code only (simt.h primitives, no ATen): it also compiles for the CPU emulator and in the
 // device-code check (scripts/check-cuda-device-code.sh). Host wrappers: attention.cu.
 #pragma once
+#include "loom/kernels/cuda/namespace.h"
 #include <cstdint>
 #include <limits>
 
 #include "loom/kernels/cuda/simt.h"
 
-namespace loom::kernels::cuda::flash {
+namespace LOOM_CUDA_NAMESPACE::flash {
 
 constexpr int kGroup = 8;                 // lanes per row
 constexpr int kRows = 32;                 // rows per block
@@ -307,4 +308,4 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, blocks_per_sm<kSlice>()) void attention
   store_row(dv + col_offset, dvalue, 1.0F, at.lane, geo.dim);
 }
 
-}  // namespace loom::kernels::cuda::flash
+}  // namespace LOOM_CUDA_NAMESPACE::flash

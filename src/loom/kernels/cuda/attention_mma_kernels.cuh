@@ -20,6 +20,7 @@
 // architectures the kernels compile to a trap, and the host, which checks both the GPU and the
 // code built for it, takes attention_kernels.cuh's.
 #pragma once
+#include "loom/kernels/cuda/namespace.h"
 #include <cstddef>
 #include <cstdint>
 
@@ -32,7 +33,7 @@
 #define LOOM_MMA_KERNELS 0
 #endif
 
-namespace loom::kernels::cuda::flash_mma {
+namespace LOOM_CUDA_NAMESPACE::flash_mma {
 
 using flash::Geometry;
 using flash::kMinusInfinity;
@@ -496,4 +497,4 @@ LOOM_KERNEL LOOM_LAUNCH_BOUNDS(kThreads, 2) void dkv_kernel(const T* q, const T*
 #endif
 }
 
-}  // namespace loom::kernels::cuda::flash_mma
+}  // namespace LOOM_CUDA_NAMESPACE::flash_mma

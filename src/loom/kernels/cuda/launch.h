@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/kernels/cuda/namespace.h"
 #include "loom/kernels/cuda/simt.h"
 #include "loom/util/errors.h"
 
@@ -17,7 +18,7 @@
 #include <c10/cuda/CUDAStream.h>
 #endif
 
-namespace loom::kernels::cuda {
+namespace LOOM_CUDA_NAMESPACE {
 
 // Makes the tensors' GPU the current device, whose stream the launches use.
 #if defined(__CUDACC__)
@@ -97,4 +98,4 @@ inline unsigned blocks_for(int64_t n, int threads) {
   return static_cast<unsigned>((n + threads - 1) / threads);
 }
 
-}  // namespace loom::kernels::cuda
+}  // namespace LOOM_CUDA_NAMESPACE

@@ -13,7 +13,9 @@
 #include <utility>
 #include <vector>
 
-namespace loom::kernels::cuda {
+#include "loom/kernels/cuda/namespace.h"
+
+namespace LOOM_CUDA_NAMESPACE {
 
 // Whether CUDA tensors go to these kernels: a CUDA build. Elsewhere the callers' CUDA branches are
 // still compiled (`if constexpr`, so the CPU build checks them) but discarded, and CUDA tensors
@@ -65,4 +67,4 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& lse,
                                                                   const AttentionShape& shape);
 
-}  // namespace loom::kernels::cuda
+}  // namespace LOOM_CUDA_NAMESPACE

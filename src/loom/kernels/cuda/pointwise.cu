@@ -6,7 +6,7 @@
 #include "loom/kernels/cuda/ops.h"
 #include "loom/kernels/cuda/pointwise_kernels.cuh"
 
-namespace loom::kernels::cuda {
+namespace LOOM_CUDA_NAMESPACE {
 namespace {
 
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, bool backward) {
@@ -123,4 +123,4 @@ bool emulated() {
 #endif
 }
 
-}  // namespace loom::kernels::cuda
+}  // namespace LOOM_CUDA_NAMESPACE

@@ -3,11 +3,12 @@
 // check (scripts/check-cuda-device-code.sh). Each reads and writes every element once per pass, in
 // fp32 registers whatever the storage dtype. Host wrappers: pointwise.cu.
 #pragma once
+#include "loom/kernels/cuda/namespace.h"
 #include <cstdint>
 
 #include "loom/kernels/cuda/simt.h"
 
-namespace loom::kernels::cuda {
+namespace LOOM_CUDA_NAMESPACE {
 
 using simt::kWarp;
 
@@ -123,4 +124,4 @@ LOOM_KERNEL void rotary_kernel(const T* x, const float* cos, const float* sin, T
   }
 }
 
-}  // namespace loom::kernels::cuda
+}  // namespace LOOM_CUDA_NAMESPACE

@@ -8,12 +8,13 @@
 // hardware's memory model) needs a GPU. Blocks are one-dimensional, a whole number of warps;
 // grids have up to three dimensions. Warp-wide matrix products on the tensor cores: simt_mma.h.
 #pragma once
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <functional>
+
+#include "loom/kernels/cuda/namespace.h"
 
 #if defined(__CUDACC__)
 #define LOOM_KERNEL __global__
@@ -31,7 +32,7 @@
 #define LOOM_LAUNCH_BOUNDS(threads, blocks)
 #endif
 
-namespace loom::kernels::cuda::simt {
+namespace LOOM_CUDA_NAMESPACE::simt {
 
 constexpr int kWarp = 32;
 
@@ -121,4 +122,4 @@ LOOM_DEVICE float group_max(float value) {
   return value;
 }
 
-}  // namespace loom::kernels::cuda::simt
+}  // namespace LOOM_CUDA_NAMESPACE::simt

@@ -15,7 +15,7 @@
 
 #include "loom/kernels/cuda/simt.h"
 
-namespace loom::kernels::cuda::simt {
+namespace LOOM_CUDA_NAMESPACE::simt {
 namespace emulator {
 
 const Thread* current = nullptr;
@@ -195,4 +195,4 @@ void emulate(Dim grid, int block_threads, const std::function<void()>& body, siz
       }
 }
 
-}  // namespace loom::kernels::cuda::simt
+}  // namespace LOOM_CUDA_NAMESPACE::simt

@@ -14,10 +14,10 @@
 // are 32-byte aligned; strides (in elements) are multiples of 8 for 16-bit operands and of 4 for
 // fp32. The emulator checks these rules.
 #pragma once
-
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
 
+#include "loom/kernels/cuda/namespace.h"
 #include "loom/kernels/cuda/simt.h"
 
 #if defined(__CUDACC__)
@@ -30,7 +30,7 @@
 #include <string>
 #endif
 
-namespace loom::kernels::cuda::simt::mma {
+namespace LOOM_CUDA_NAMESPACE::simt::mma {
 
 constexpr int kTile = 16;
 
@@ -197,4 +197,4 @@ void multiply_add(Accumulator& c, const detail::Fragment<kA>& a, const detail::F
 
 #endif
 
-}  // namespace loom::kernels::cuda::simt::mma
+}  // namespace LOOM_CUDA_NAMESPACE::simt::mma

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <optional>
 
 #include "loom/models/field_reader.h"
@@ -43,7 +44,13 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   t.num_heads = text.integer("num_attention_heads");
   t.num_kv_heads = text.integer("num_key_value_heads", t.num_heads);
   t.rms_norm_eps = text.number("rms_norm_eps", 1e-6);
-  t.rope_theta = text.number("rope_theta", 1e6);
+  // transformers 5 keeps the rotary base and the M-RoPE sections in rope_parameters; earlier exports
+  // in rope_theta and rope_scaling.
+  const char* rope_key = text.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
+  if (!text.has(rope_key)) throw text.error("rope_scaling", "missing (M-RoPE needs mrope_section)");
+  const json& scaling = text_json[rope_key];
+  FieldReader rope(scaling, source, fmt::format("{}{}.", &text_json == &hf ? "" : "text_config.", rope_key));
+  t.rope_theta = text.has("rope_theta") ? text.number("rope_theta") : rope.number("rope_theta", 1e6);
   t.tie_word_embeddings = top.boolean("tie_word_embeddings", text.boolean("tie_word_embeddings", false));
   t.max_position_embeddings = text.integer("max_position_embeddings", 32768);
   // A norm's eps of 0 or below divides by zero or a negative root (NaN from the first step that meets
@@ -63,9 +70,6 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   if (t.num_heads % t.num_kv_heads)
     throw text.error("num_key_value_heads",
                      fmt::format("{} does not divide num_attention_heads {}", t.num_kv_heads, t.num_heads));
-  if (!text.has("rope_scaling")) throw text.error("rope_scaling", "missing (M-RoPE needs mrope_section)");
-  const json& scaling = text_json["rope_scaling"];
-  FieldReader rope(scaling, source, "rope_scaling.");
   const std::string rope_type = rope.string("type", rope.string("rope_type", "mrope"));
   if (rope_type != "mrope" && rope_type != "default")
     throw rope.error("type", fmt::format("'{}' is not one of mrope, default", rope_type));
@@ -81,8 +85,8 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
   tok.video = top.integer("video_token_id", 151656);
   tok.vision_start = top.integer("vision_start_token_id", 151652);
   tok.vision_end = top.integer("vision_end_token_id", 151653);
-  tok.bos = top.integer("bos_token_id", 151643);
-  tok.eos = top.integer("eos_token_id", 151645);
+  tok.bos = top.integer("bos_token_id", text.integer("bos_token_id", 151643));
+  tok.eos = top.integer("eos_token_id", text.integer("eos_token_id", 151645));
   for (auto [key, id] : {std::pair{"image_token_id", tok.image},
                          {"video_token_id", tok.video},
                          {"vision_start_token_id", tok.vision_start},
@@ -182,9 +186,14 @@ nlohmann::json to_hf_config(const Qwen2VLConfig& c) {
   text["num_attention_heads"] = c.text.num_heads;
   text["num_key_value_heads"] = c.text.num_kv_heads;
   text["rms_norm_eps"] = c.text.rms_norm_eps;
-  text["rope_theta"] = c.text.rope_theta;
   text["max_position_embeddings"] = c.text.max_position_embeddings;
-  text["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", c.text.mrope_section}};
+  if (text.contains("rope_parameters")) {  // transformers 5's layout, kept as the source had it
+    text["rope_parameters"]["rope_theta"] = c.text.rope_theta;
+    text["rope_parameters"]["mrope_section"] = c.text.mrope_section;
+  } else {
+    text["rope_theta"] = c.text.rope_theta;
+    text["rope_scaling"] = {{"type", "mrope"}, {"mrope_section", c.text.mrope_section}};
+  }
   hf["tie_word_embeddings"] = c.text.tie_word_embeddings;
   hf["hidden_act"] = "silu";
   hf["image_token_id"] = c.tokens.image;
@@ -208,7 +217,13 @@ nlohmann::json to_hf_config(const Qwen2VLConfig& c) {
     v["intermediate_size"] = c.vision.mlp_hidden;
     v["window_size"] = c.vision.window_size;
     v["fullatt_block_indexes"] = c.vision.fullatt_block_indexes;
-    v["tokens_per_second"] = c.vision.tokens_per_second;
+    // An integer where it is one: transformers 5 declares the field an int and refuses 2.0.
+    const double tps = c.vision.tokens_per_second;
+    if (tps == std::floor(tps) && std::abs(tps) < 1e15) {
+      v["tokens_per_second"] = static_cast<int64_t>(tps);
+    } else {
+      v["tokens_per_second"] = tps;
+    }
   } else {
     v["embed_dim"] = c.vision.width;
     v["hidden_size"] = c.vision.out_width;

@@ -4,6 +4,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -45,6 +46,13 @@ std::string tokenizer_file(const fs::path& dir) {
 
 // The chat template and the file it came from; empty when there is none.
 std::pair<std::string, std::string> chat_template_of(const fs::path& dir) {
+  // chat_template.jinja: the template itself, as transformers 5 saves it.
+  if (const fs::path jinja = dir / "chat_template.jinja"; fs::is_regular_file(jinja)) {
+    std::ifstream in(jinja, std::ios::binary);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    if (!in.good() && !in.eof()) throw DataError(fmt::format("{}: cannot be read", jinja.string()));
+    return {text, jinja.string()};
+  }
   for (const char* name : {"chat_template.json", "tokenizer_config.json"}) {
     const fs::path path = dir / name;
     if (!fs::is_regular_file(path)) continue;
@@ -90,12 +98,28 @@ data::Qwen2VLImageOptions image_options_from_dir(const std::string& dir,
   options.patch_size = config.vision.patch_size;
   options.temporal_patch_size = config.vision.temporal_patch_size;
   options.merge_size = config.vision.spatial_merge_size;
-  const fs::path path = fs::path(dir) / "preprocessor_config.json";
+  // preprocessor_config.json, or transformers 5's processor_config.json with the image processor's
+  // settings under "image_processor" (and its pixel bounds as size.shortest_edge / longest_edge).
+  fs::path path = fs::path(dir) / "preprocessor_config.json";
+  std::string within;
+  if (!fs::exists(path)) {
+    path = fs::path(dir) / "processor_config.json";
+    within = "image_processor";
+  }
   if (!fs::exists(path)) return options;
-  const nlohmann::json j = read_json(path);
+  const nlohmann::json file = read_json(path);
   try {
-    if (j.contains("min_pixels")) options.min_pixels = j["min_pixels"].get<int64_t>();
-    if (j.contains("max_pixels")) options.max_pixels = j["max_pixels"].get<int64_t>();
+    const nlohmann::json& j = within.empty() ? file : file.at(within);
+    if (j.contains("min_pixels")) {
+      options.min_pixels = j["min_pixels"].get<int64_t>();
+    } else if (j.contains("size") && j["size"].contains("shortest_edge")) {
+      options.min_pixels = j["size"]["shortest_edge"].get<int64_t>();
+    }
+    if (j.contains("max_pixels")) {
+      options.max_pixels = j["max_pixels"].get<int64_t>();
+    } else if (j.contains("size") && j["size"].contains("longest_edge")) {
+      options.max_pixels = j["size"]["longest_edge"].get<int64_t>();
+    }
     if (j.contains("image_mean"))
       for (size_t c = 0; c < 3; ++c) options.mean[c] = j["image_mean"].at(c).get<float>();
     if (j.contains("image_std"))
@@ -111,8 +135,8 @@ ChatPrompts::ChatPrompts(const std::string& dir, const models::Qwen2VLConfig& co
   const auto [text, file] = chat_template_of(dir);
   if (text.empty())
     throw DataError(
-        fmt::format("{}: no chat template (chat_template.json or tokenizer_config.json's "
-                    "chat_template), so Loom cannot tell how its prompts are written",
+        fmt::format("{}: no chat template (chat_template.jinja, chat_template.json or "
+                    "tokenizer_config.json's chat_template), so Loom cannot tell how its prompts are written",
                     dir));
   if (text == vqa_chat_template()) {
     format_ = PromptFormat::vqa;
