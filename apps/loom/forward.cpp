@@ -15,15 +15,14 @@
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
 #include "loom/data/image/decode.h"
-#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
 #include "loom/models/registry.h"
 #include "loom/models/umt5/model.h"
+#include "loom/models/vision_language.h"
 #include "loom/models/wan/names.h"
 #include "loom/models/wan/vae.h"
 #include "loom/models/weights.h"
-#include "loom/tasks/vlm_sft/prompts.h"
 #include "loom/util/errors.h"
 
 namespace loom::cli {
@@ -182,36 +181,36 @@ int forward_wan_vae(const std::string& model_dir, const std::string& io_path, co
 
 // The model is checked against the layout, and the layout formed, as loom train does for a job's;
 // rank 0 writes the outputs, gathered whole.
-int forward_qwen2_vl(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
-                     bool sequence_parallel) {
-  auto config = models::model_config_from_dir(model_dir);
+int forward_vision_language(const models::NamedModel& named, const std::string& model_dir,
+                            const std::string& input_path, const std::string& out_dir,
+                            bool sequence_parallel) {
   const dist::LaunchEnv launch = dist::launch_env_from_process();
   if (launch.world_size == 1 && sequence_parallel)
     throw ConfigError("forward: --sequence-parallel needs several ranks (loom run -n N -- loom forward ...)");
   const config::JobConfig job = forward_layout(launch.world_size, sequence_parallel);
-  models::validate_layout(job, config, launch.world_size);
+  named.family->check_layout(job, named.hf, named.source, launch.world_size);
   std::shared_ptr<dist::Comm> world;
   if (launch.world_size > 1)
     world = dist::Comm::connect(launch, std::chrono::seconds(job.parallel.timeout_s),
                                 std::chrono::seconds(job.parallel.heartbeat_timeout_s));
   const core::Layout layout = core::make_layout(job, std::move(world));
-  parallel::ParamOptions model_options;
-  model_options.tp = {layout.tp, job.parallel.sequence_parallel};
-  auto model = models::build_model(config, model_options);
-  models::load_parameters(*model, model_dir);
+  models::BuildOptions options;
+  options.params.tp = {layout.tp, job.parallel.sequence_parallel};
+  const auto model =
+      std::dynamic_pointer_cast<models::VisionLanguageModel>(models::load_model(named, model_dir, options));
+  const auto processor = models::make_processor(named.family->name, named.hf, named.source, model_dir);
   const nlohmann::json input = read_input(input_path);
   models::VisionLanguageInputs inputs;
   inputs.input_ids = integer_rows(input, "input_ids", input_path);
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> grids;
-  const auto options = tasks::image_options_from_dir(model_dir, config);
   for (const auto& image : input.value("images", nlohmann::json::array())) {
     const fs::path path = fs::path(input_path).parent_path() / image.get<std::string>();
-    auto processed = data::qwen2vl_process_image(data::decode_image_file(path.string()), options);
+    const data::VisionInput processed = processor->process(data::decode_image_file(path.string()));
     pixels.push_back(processed.pixel_values);
     grids.insert(grids.end(), processed.grid_thw.begin(), processed.grid_thw.end());
   }
-  at::Tensor image_embeds = at::empty({0, config.text.hidden_size});
+  at::Tensor image_embeds = at::empty({0, model->hidden_size()});
   at::NoGradGuard no_grad;
   if (!pixels.empty()) {
     inputs.pixel_values = at::cat(pixels);
@@ -236,9 +235,9 @@ int run_forward(const std::string& model_dir, const std::string& input_path, con
                 bool sequence_parallel) {
   const models::NamedModel named = models::find_model(model_dir);
   const std::string& family = named.family->name;
-  if (family == "qwen2_vl" || family == "qwen2_5_vl")
-    return forward_qwen2_vl(model_dir, input_path, out_dir, sequence_parallel);
-  if (sequence_parallel) throw ConfigError("forward: --sequence-parallel is for Qwen2-VL models");
+  if (named.family->kind == models::ModelKind::vision_language)
+    return forward_vision_language(named, model_dir, input_path, out_dir, sequence_parallel);
+  if (sequence_parallel) throw ConfigError("forward: --sequence-parallel is for vision-language models");
   if (family == "umt5") return forward_umt5(named, model_dir, input_path, out_dir);
   if (family == "wan") return forward_wan(model_dir, input_path, out_dir);
   if (family == "wan_vae") return forward_wan_vae(model_dir, input_path, out_dir);

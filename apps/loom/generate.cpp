@@ -20,7 +20,7 @@
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/dist/launch_env.h"
 #include "loom/models/registry.h"
-#include "loom/models/weights.h"
+#include "loom/models/vision_language.h"
 #include "loom/tasks/vlm_sft/job_data.h"
 #include "loom/tasks/vlm_sft/prompts.h"
 #include "loom/util/errors.h"
@@ -34,7 +34,7 @@ namespace fs = std::filesystem;
 // A model directory loaded for answering, in this one process.
 struct ChatModel {
   std::string dir;
-  std::shared_ptr<models::Qwen2VLForConditionalGeneration> model;
+  std::shared_ptr<models::VisionLanguageModel> model;
   std::unique_ptr<tasks::ChatPrompts> prompts;
   tasks::GenerationTokens tokens;
 };
@@ -44,11 +44,14 @@ ChatModel load_chat_model(const std::string& path, const char* command) {
     throw ConfigError(fmt::format("{} runs in one process, not under loom run", command));
   ChatModel out;
   out.dir = checkpoint::resolve_model_directory(path);
-  const models::Qwen2VLConfig config = models::model_config_from_dir(out.dir);
-  out.model = models::build_model(config, {});
-  models::load_parameters(*out.model, out.dir);
-  out.model->eval();
-  out.prompts = std::make_unique<tasks::ChatPrompts>(out.dir, config);
+  const models::NamedModel named = models::find_model(out.dir);
+  if (named.family->kind != models::ModelKind::vision_language)
+    throw ConfigError(fmt::format("{}: {} holds a {} model ({}), not a vision-language model", command,
+                                  out.dir, named.family->name, models::kind_name(named.family->kind)));
+  out.model = std::dynamic_pointer_cast<models::VisionLanguageModel>(models::load_model(named, out.dir));
+  out.model->module().eval();
+  out.prompts = std::make_unique<tasks::ChatPrompts>(
+      out.dir, models::make_processor(named.family->name, named.hf, named.source, out.dir));
   out.tokens = tasks::generation_tokens(out.prompts->tokenizer());
   return out;
 }

@@ -1,8 +1,10 @@
 // loom shapes: a model's parameter names, shapes and count, built without allocating it.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "commands.h"
 #include "loom/models/registry.h"
@@ -12,12 +14,11 @@ namespace loom::cli {
 
 namespace {
 
-// The model of a published name (qwen2-vl-7b, wan2.1-t2v-1.3b, ...) or of a model directory, of any
-// family, as one process builds it.
+// The model of a published name or of a model directory, of any family, as one process builds it.
 int run_shapes(const std::string& what, bool list) {
   const models::NamedModel named = models::find_model(what);
-  parallel::ParamOptions options;
-  options.shapes_only = true;
+  models::BuildOptions options;
+  options.params.shapes_only = true;
   const auto model = named.family->build(named.hf, named.source, options);
   if (list)
     for (const auto& [name, p] : models::named_parameters(model->module()))
@@ -36,9 +37,12 @@ Command add_shapes(CLI::App& loom) {
   auto arguments = std::make_shared<Arguments>();
   auto* command =
       loom.add_subcommand("shapes", "List a model's parameter names, shapes and count without allocating");
+  std::vector<std::string> published;
+  for (const auto& family : models::families())
+    published.insert(published.end(), family.presets.begin(), family.presets.end());
   command
       ->add_option("model", arguments->model,
-                   "Published model name (e.g. qwen2-vl-7b, umt5-xxl) or model directory")
+                   fmt::format("Model directory, or published model name: {}", fmt::join(published, ", ")))
       ->required();
   command->add_flag("--names", arguments->list_names, "Print every parameter name and shape");
   return {command, [arguments] { return run_shapes(arguments->model, arguments->list_names); }};

@@ -90,8 +90,9 @@ class SectionReader {
   std::string document_source_;
 };
 
+// Reads section S; `out` starts as given (what is not a key but decides which keys are read).
 template <class S>
-S read_section(const YamlValue* section, const std::string& name, const std::string& source);
+S read_section(const YamlValue* section, const std::string& name, const std::string& source, S out = S{});
 
 template <class F>
 struct FieldType {
@@ -153,8 +154,9 @@ void refuse_unread(const SectionReader& r, const DataSection& d, const char* nam
 }
 
 void refuse_unread(const SectionReader& r, const ModelSection& m, const char* name, ReadBy) {
-  r.fail(name, fmt::format("is only used by family wan (the Wan2.1 DiT's frozen helpers), not {}; remove it",
-                           m.family));
+  r.fail(name,
+         fmt::format("is only used by task flow_matching (the denoiser's frozen helpers), not {}; remove it",
+                     m.task));
 }
 
 void refuse_unread(const SectionReader& r, const TrainingSection& t, const char* name, ReadBy readers) {
@@ -357,7 +359,8 @@ void check_rules(const SectionReader&, const S&) {}
 void check_rules(const SectionReader& r, const ModelSection& m) {
   if (m.hf_config_path.empty() && m.hf_config.is_null() && m.init_from.empty())
     r.missing("hf_config",
-              "a path to a HF config.json, a published model's name such as qwen2-vl-2b, or its fields as an "
+              "a path to a HF config.json, a published model's name (as loom shapes lists them), or its "
+              "fields as an "
               "inline mapping; it may be left out when model.init_from names a model directory");
 }
 
@@ -439,9 +442,8 @@ void check_rules(const SectionReader& r, const TrainingSection& t) {
 }
 
 template <class S>
-S read_section(const YamlValue* section, const std::string& name, const std::string& source) {
+S read_section(const YamlValue* section, const std::string& name, const std::string& source, S out) {
   const SectionReader r(section, name, key::names_of<S>(), source);
-  S out;
   KeyReader<S> reader(r, out);
   S::keys(reader);
   check_rules(r, out);
@@ -455,7 +457,17 @@ struct SectionsReader {
   JobConfig& config;
   template <class S>
   void operator()(const char* name, S JobConfig::*section) {
-    config.*section = read_section<S>(root.find(name), name, source);
+    S initial;
+    if constexpr (std::is_same_v<S, ModelSection>) initial.task = training_task();
+    config.*section = read_section<S>(root.find(name), name, source, std::move(initial));
+  }
+
+  // training.task as the document gives it (its default when absent; the training section checks it).
+  std::string training_task() const {
+    const YamlValue* training = root.find("training");
+    const YamlValue* task =
+        training && training->kind == YamlValue::Kind::Mapping ? training->find("task") : nullptr;
+    return task && task->kind == YamlValue::Kind::Scalar ? task->scalar : TrainingSection{}.task;
   }
 };
 

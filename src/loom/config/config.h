@@ -18,8 +18,8 @@ namespace loom::config {
 // Who reads a key that not every job reads: to_yaml writes the key only for them, and reading refuses
 // it for the others when given. Data keys by dataset (fashion_mnist's keys only when set otherwise
 // than off: shapes_vqa's job.yaml files have held `hflip: false` and `shift: 0`): messages, every
-// built-in set, the built-in image sets, fashion_mnist, the video sets. Model keys by family: the Wan
-// DiT. Training keys by task: flow_matching, vae.
+// built-in set, the built-in image sets, fashion_mnist, the video sets. Model and training keys by task:
+// flow_matching, vae.
 enum class ReadBy {
   messages,
   files,
@@ -28,15 +28,14 @@ enum class ReadBy {
   fashion_mnist,
   video,
   videos,
-  wan,
   flow_matching,
   vae
 };
 
 struct ModelSection {
-  std::string family;               // required: qwen2_vl | qwen2_5_vl | wan | wan_vae
+  std::string family;               // required: a registered family (models/registry.h checks the name)
   std::string hf_config_path;       // model.hf_config given as a string: path to a HF config.json, or a
-                                    // published model's name (qwen2-vl-2b, as loom shapes lists them)
+                                    // published model's name (as loom shapes lists them)
   nlohmann::json hf_config;         // model.hf_config given inline as a YAML mapping, converted to JSON;
                                     // at most one of hf_config_path / hf_config is set; neither: the
                                     // config.json of init_from
@@ -45,22 +44,25 @@ struct ModelSection {
   // parallel.pp > 1: per tower (visual, llm; dit), how many of its blocks each pipeline stage holds,
   // chunk-major with virtual stages; empty: split by estimated cost (docs/parallelism.md).
   std::map<std::string, std::vector<int64_t>> pipeline_layers;
-  // family wan only: the frozen helpers of flow matching.
-  std::string vae;                // a Wan VAE model directory, or the run directory of a vae job
-  nlohmann::json vae_config;      // model.vae inline: a WanVAE_ config's fields, the weights drawn from
-                                  // training.seed (a fixed random VAE, for benchmarks)
-  std::string text_encoder_path;  // model.text_encoder as a string: a umT5 model directory
-  nlohmann::json text_encoder;    // model.text_encoder inline: a umT5 config.json's fields, the weights
+  // task flow_matching only: the denoiser's frozen helpers.
+  std::string vae;                // a latent codec's model directory, or the run directory of a vae job
+  nlohmann::json vae_config;      // model.vae inline: the codec's config fields, the weights drawn from
+                                  // training.seed (a fixed random codec, for benchmarks)
+  std::string text_encoder_path;  // model.text_encoder as a string: a text encoder's model directory
+  nlohmann::json text_encoder;    // model.text_encoder inline: its config.json's fields, the weights
                                   // drawn from training.seed (a fixed random encoder, for built-in data)
+  // Not a key: training.task, which decides whether vae and text_encoder are read (parse_config and
+  // to_yaml take it from the training section).
+  std::string task = "vlm_sft";
 
-  bool reads(ReadBy readers) const { return readers == ReadBy::wan && family == "wan"; }
+  bool reads(ReadBy readers) const { return readers == ReadBy::flow_matching && task == "flow_matching"; }
 
-  // `family` comes first: whether vae and text_encoder are read depends on it.
   template <class Keys>
   static void keys(Keys& k) {
     using namespace key;
     using S = ModelSection;
-    k("family", &S::family, required(), one_of({"qwen2_vl", "qwen2_5_vl", "wan", "wan_vae"}));
+    k("family", &S::family, required("a model family, as `loom shapes` lists them"),
+      not_empty("a model family, as `loom shapes` lists them"));
     // Required unless init_from names a model directory (check_rules).
     k("hf_config",
       path_or_mapping(
@@ -72,18 +74,18 @@ struct ModelSection {
     k("pipeline_layers", &S::pipeline_layers);
     k("vae",
       path_or_mapping(&S::vae, &S::vae_config,
-                      "a Wan VAE model directory, a vae job's run directory or an inline WanVAE_ config "
+                      "a latent codec's model directory, a vae job's run directory or an inline config "
                       "(weights drawn from the seed)"),
-      ReadBy::wan,
-      required("a Wan VAE model directory or a vae job's run directory, or an inline WanVAE_ config whose "
+      ReadBy::flow_matching,
+      required("a latent codec's model directory or a vae job's run directory, or an inline config whose "
                "weights are drawn from the seed"),
-      not_empty("a Wan VAE model directory, a vae job's run directory or an inline mapping"));
+      not_empty("a latent codec's model directory, a vae job's run directory or an inline mapping"));
     k("text_encoder",
       path_or_mapping(&S::text_encoder_path, &S::text_encoder,
-                      "a umT5 model directory or an inline umT5 config (weights drawn from the seed)"),
-      ReadBy::wan,
-      required("a umT5 model directory, or an inline umT5 config whose weights are drawn from the seed"),
-      not_empty("a umT5 model directory or an inline mapping"));
+                      "a text encoder's model directory or an inline config (weights drawn from the seed)"),
+      ReadBy::flow_matching,
+      required("a text encoder's model directory, or an inline config whose weights are drawn from the seed"),
+      not_empty("a text encoder's model directory or an inline mapping"));
   }
 };
 
@@ -118,7 +120,7 @@ struct DataSection {
   // messages only:
   std::string tokenizer;                                      // HF tokenizer.json or SentencePiece .model
   bool train_on_prompt = false;                               // labels on the prompt too, not only replies
-  int64_t min_pixels = 56 * 56, max_pixels = 28 * 28 * 1280;  // Qwen2-VL image processor bounds
+  int64_t min_pixels = 56 * 56, max_pixels = 28 * 28 * 1280;  // the image processor's pixel bounds
   // shapes_vqa and fashion_mnist only:
   std::string dir;          // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;  // positive multiple of 28
@@ -282,7 +284,7 @@ struct TrainingSection {
   // fine-tuning of a vision-language model, evaluated by VQA exact match.
   std::string task = "vlm_sft";
   // task flow_matching: the noise level s of each training sample, drawn uniform or logit-normal
-  // (sigmoid of N(logit_mean, logit_std^2)) and shifted as Wan's schedule does, s' = shift s / (1 +
+  // (sigmoid of N(logit_mean, logit_std^2)) and shifted by the timestep shift, s' = shift s / (1 +
   // (shift - 1) s); a caption replaced by the empty prompt's with probability caption_dropout (so the
   // model learns the unconditional velocity classifier-free guidance needs).
   double flow_shift = 3.0;

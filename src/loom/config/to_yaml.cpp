@@ -172,8 +172,11 @@ void write_keys(std::string& out, const S& section, int indent, std::string firs
 }  // namespace
 
 std::string to_yaml(const JobConfig& config) {
+  // The model keys a task reads follow training.task, as parse_config reads them.
+  JobConfig job = config;
+  job.model.task = job.training.task;
   std::string out;
-  write_keys(out, config, 0);
+  write_keys(out, job, 0);
   return out;
 }
 

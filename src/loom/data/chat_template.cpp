@@ -1,4 +1,4 @@
-// Qwen2-VL ChatML template: special tokens as ids, text encoded between them, labels on replies.
+// The ChatML template: special tokens as ids, text encoded between them, labels on replies.
 #include "loom/data/chat_template.h"
 
 #include <filesystem>
@@ -11,7 +11,7 @@ namespace {
 
 // Appends to an example: text accumulates until the next special token or turn boundary and is
 // then encoded as one piece; a token is labelled when it is in a reply (and label_replies) or
-// train_on_prompt holds, except <|image_pad|>.
+// train_on_prompt holds, except an image block's pads.
 class TokenWriter {
  public:
   TokenWriter(const Tokenizer& tokenizer, int64_t image_pad, bool label_replies, bool train_on_prompt,
@@ -59,7 +59,7 @@ int64_t special_id(const Tokenizer& tokenizer, const std::string& token) {
   try {
     return tokenizer.id(token);
   } catch (const DataError& e) {
-    throw DataError(fmt::format("the Qwen2-VL chat template needs the special token {} in the tokenizer: {}",
+    throw DataError(fmt::format("the ChatML chat template needs the special token {} in the tokenizer: {}",
                                 token, e.what()));
   }
 }
@@ -80,10 +80,13 @@ ChatTemplate::ChatTemplate(const Tokenizer& tokenizer, ChatTemplateOptions optio
     : tokenizer_(&tokenizer),
       options_(std::move(options)),
       im_start_(special_id(tokenizer, "<|im_start|>")),
-      im_end_(special_id(tokenizer, "<|im_end|>")),
-      vision_start_(special_id(tokenizer, "<|vision_start|>")),
-      vision_end_(special_id(tokenizer, "<|vision_end|>")),
-      image_pad_(special_id(tokenizer, "<|image_pad|>")) {}
+      im_end_(special_id(tokenizer, "<|im_end|>")) {
+  if (!options_.processor) return;
+  const ImageBlock& block = options_.processor->block();
+  block_start_ = special_id(tokenizer, block.start);
+  block_end_ = special_id(tokenizer, block.end);
+  block_pad_ = special_id(tokenizer, block.pad);
+}
 
 ConversationExample ChatTemplate::apply(const Conversation& conversation,
                                         std::vector<VisionInput> images) const {
@@ -123,7 +126,7 @@ ConversationExample ChatTemplate::render(const std::vector<Message>& messages, s
                                          const std::vector<VisionInput>& images, bool generation_prompt,
                                          bool labelled) const {
   ConversationExample ex;
-  TokenWriter out(*tokenizer_, image_pad_, labelled, options_.train_on_prompt && labelled, ex);
+  TokenWriter out(*tokenizer_, block_pad_, labelled, options_.train_on_prompt && labelled, ex);
 
   size_t first = 0;
   std::string system = options_.default_system;
@@ -147,10 +150,11 @@ ConversationExample ChatTemplate::render(const std::vector<Message>& messages, s
       for (size_t at = content.find(placeholder); at != std::string::npos;
            at = content.find(placeholder, from)) {
         out.text(content.substr(from, at - from));
-        const int64_t tokens = merged_token_count(images[image++].grid_thw, options_.image.merge_size);
-        out.special(vision_start_);
-        for (int64_t t = 0; t < tokens; ++t) out.special(image_pad_);
-        out.special(vision_end_);
+        if (!options_.processor) throw DataError("an image placeholder in a chat without an image processor");
+        const int64_t tokens = images[image++].tokens;
+        out.special(block_start_);
+        for (int64_t t = 0; t < tokens; ++t) out.special(block_pad_);
+        out.special(block_end_);
         from = at + placeholder.size();
       }
       out.text(content.substr(from));
@@ -190,14 +194,47 @@ std::optional<ConversationExample> ChatTemplate::build(const Conversation& conve
                     fmt::format("image file {} does not exist", path)});
       return std::nullopt;
     }
+    if (!options_.processor) throw DataError("a conversation with images needs the model's image processor");
     try {
-      images.push_back(qwen2vl_process_image(decode_image_file(path), options_.image));
+      images.push_back(options_.processor->process(decode_image_file(path)));
     } catch (const DataError& e) {
       skips.record({SkipKind::corrupt_image, conversation.source, conversation.index, e.what()});
       return std::nullopt;
     }
   }
   return apply(conversation, std::move(images));
+}
+
+namespace {
+
+// Jinja for the content of `message`: a string whose "<image>" placeholders become `image`, or a
+// list of text and image parts; `separator` goes around each image.
+std::string content_jinja(const std::string& image, const std::string& separator) {
+  return "{% if message['content'] is string %}{{ message['content'] | replace('<image>', '" + separator +
+         image + separator +
+         "') }}{% else %}{% for part in message['content'] %}{% if part['type'] == 'image' or 'image' in "
+         "part "
+         "or 'image_url' in part %}" +
+         separator + image + separator +
+         "{% elif 'text' in part %}{{ part['text'] }}{% endif %}{% endfor %}{% endif %}";
+}
+
+}  // namespace
+
+std::string chatml_template_jinja(const std::string& default_system, const ImageBlock& block) {
+  if (default_system.find("{") != std::string::npos || default_system.find("'") != std::string::npos)
+    throw DataError("the default system message cannot hold '{' or a quote in a chat template");
+  return "{% for message in messages %}{% if loop.first and message['role'] != 'system' "
+         "%}<|im_start|>system\n" +
+         default_system + "<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n" +
+         content_jinja(block.start + block.pad + block.end, "") +
+         "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
+}
+
+std::string vqa_template_jinja(const ImageBlock& block) {
+  return "{% for message in messages %}<|im_start|>{{ message['role'] }} " +
+         content_jinja(block.start + block.pad + block.end, " ") +
+         " <|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}";
 }
 
 }  // namespace loom::data

@@ -1,28 +1,33 @@
-// Qwen2-VL's ChatML chat template applied to a Conversation: token ids with each <image> expanded to
-// the image's merged tokens, and labels on the assistant replies, for any Tokenizer.
+// The ChatML chat template applied to a Conversation: token ids with each <image> expanded to the
+// block of tokens the model's image processor gives it, and labels on the assistant replies, for any
+// Tokenizer.
 #pragma once
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/data/conversation.h"
 #include "loom/data/example.h"
-#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/image/processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
 
 namespace loom::data {
 
 struct ChatTemplateOptions {
-  // Used when the conversation has no system message, as Qwen2-VL's template does.
+  // Used when the conversation has no system message (ChatML's customary one unless the model's
+  // processor says otherwise).
   std::string default_system = "You are a helpful assistant.";
-  // Label every token but the <|image_pad|> placeholders (whose positions hold image features),
-  // instead of the assistant replies only.
+  // Label every token but the image blocks' pads (whose positions hold image features), instead of
+  // the assistant replies only.
   bool train_on_prompt = false;
   // Leave out the final assistant message (kept as `answer`) and end with "<|im_start|>assistant\n",
   // as add_generation_prompt does; no token is labelled.
   bool generation_prompt = false;
-  Qwen2VLImageOptions image;
+  // The model's image processor: what an image becomes and the tokens of its block. Null: text-only
+  // chats (an <image> placeholder is a DataError).
+  std::shared_ptr<const ImageProcessor> processor;
 };
 
 struct ConversationExample {
@@ -38,13 +43,13 @@ struct ConversationExample {
   TokenizedExample to_tokenized_example() const;
 };
 
-// The text, following Qwen2-VL's chat_template.json (Qwen/Qwen2-VL-7B-Instruct):
+// The text, following the ChatML chat_template.json of Qwen2-VL (Qwen/Qwen2-VL-7B-Instruct):
 //   {% for message in messages %}{% if loop.first and message['role'] != 'system' %}
 //   <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}
 //   <|im_start|>{{ message['role'] }}\n ... {{ content }}<|im_end|>\n{% endfor %}
 //   {% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}
-// where an image is <|vision_start|><|image_pad|><|vision_end|> and the processor repeats
-// <|image_pad|> merged_token_count(grid) times. Special tokens are emitted as ids; the text between
+// where an image is its processor's block (chatml_template_jinja): start, the image's `tokens` pads,
+// end. Special tokens are emitted as ids; the text between
 // them is encoded piece by piece, so no merge crosses a special token. As in LLaMA-Factory's and
 // MindSpeed MM's qwen2_vl template, a user turn is encoded together with the following
 // "<|im_start|>assistant\n" as the prompt, and each reply "{content}<|im_end|>\n" separately as the
@@ -53,7 +58,7 @@ struct ConversationExample {
 class ChatTemplate {
  public:
   // Keeps a reference to the tokenizer, which must outlive the template. DataError when the
-  // tokenizer lacks <|im_start|>, <|im_end|>, <|vision_start|>, <|vision_end|> or <|image_pad|>.
+  // tokenizer lacks <|im_start|>, <|im_end|> or a token of the processor's image block.
   explicit ChatTemplate(const Tokenizer& tokenizer, ChatTemplateOptions options = {});
 
   // The conversation with its images already processed (one VisionInput per image, in order).
@@ -84,7 +89,17 @@ class ChatTemplate {
 
   const Tokenizer* tokenizer_;
   ChatTemplateOptions options_;
-  int64_t im_start_, im_end_, vision_start_, vision_end_, image_pad_;
+  int64_t im_start_, im_end_;
+  int64_t block_start_ = -1, block_end_ = -1, block_pad_ = -1;  // -1: no processor
 };
+
+// The Jinja of the template as a checkpoint carries it (tokenizer_config.json, chat_template.json):
+// `default_system` when the conversation has no system message, each "<image>" of a string content
+// (or each image part of a list content) as the block's start, pad and end. DataError for a default
+// system message holding '{' or a quote.
+std::string chatml_template_jinja(const std::string& default_system, const ImageBlock& block);
+// The built-in VQA sets' word-level form of it: no system message, no newlines, the words separated
+// by spaces for the WhitespaceSplit tokenizer.
+std::string vqa_template_jinja(const ImageBlock& block);
 
 }  // namespace loom::data

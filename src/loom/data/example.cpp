@@ -13,21 +13,22 @@ const std::vector<std::string>& chat_template_words() {
 }
 
 TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSample& sample,
-                                   const Qwen2VLImageOptions& options, bool with_answer) {
+                                   const ImageProcessor& processor, bool with_answer) {
   TokenizedExample ex;
-  ex.images.push_back(qwen2vl_process_image(sample.image, options));
+  ex.images.push_back(processor.process(sample.image));
   ex.question = sample.question;
   ex.answer = sample.answer;
   ex.question_type = sample.question_type;
-  const int64_t image_tokens = merged_token_count(ex.images[0].grid_thw, options.merge_size);
+  const int64_t image_tokens = ex.images[0].tokens;
+  const ImageBlock& block = processor.block();
 
   std::vector<int64_t>& ids = ex.input_ids;
   const int64_t im_start = tokenizer.id("<|im_start|>"), im_end = tokenizer.id("<|im_end|>");
   ids.push_back(im_start);
   ids.push_back(tokenizer.id("user"));
-  ids.push_back(tokenizer.id("<|vision_start|>"));
-  ids.insert(ids.end(), image_tokens, tokenizer.id("<|image_pad|>"));
-  ids.push_back(tokenizer.id("<|vision_end|>"));
+  ids.push_back(tokenizer.id(block.start));
+  ids.insert(ids.end(), image_tokens, tokenizer.id(block.pad));
+  ids.push_back(tokenizer.id(block.end));
   const std::vector<int64_t> question = tokenizer.encode(sample.question);
   ids.insert(ids.end(), question.begin(), question.end());
   ids.push_back(im_end);
@@ -60,17 +61,14 @@ void add_images(const std::vector<TokenizedExample>& examples, Batch& out) {
   for (size_t b = 0; b < examples.size(); ++b) {
     for (const VisionInput& vision : examples[b].images) {
       const auto& g = vision.grid_thw;
-      if (!vision.pixel_values.defined() || vision.pixel_values.dim() != 2 ||
-          vision.pixel_values.size(0) != g[0] * g[1] * g[2]) {
-        throw DataError(
-            fmt::format("collate: example {} needs 2-D pixel_values with {} rows for grid ({}, {}, {})", b,
-                        g[0] * g[1] * g[2], g[0], g[1], g[2]));
-      }
+      if (!vision.pixel_values.defined() || vision.pixel_values.dim() < 2 || vision.pixel_values.size(0) < 1)
+        throw DataError(fmt::format("collate: example {} has an image without pixel rows (grid ({}, {}, {}))",
+                                    b, g[0], g[1], g[2]));
       pixels.push_back(vision.pixel_values);
       grids.insert(grids.end(), g.begin(), g.end());
     }
   }
-  // pixel_values (sum of patches, 1176); image_grid_thw (num_images, 3)
+  // pixel_values (every image's rows, ...); image_grid_thw (num_images, 3)
   out.pixel_values = pixels.empty() ? at::empty({0, 0}, at::kFloat) : at::cat(pixels, 0).to(at::kFloat);
   out.image_grid_thw = at::tensor(grids, at::kLong).reshape({static_cast<int64_t>(grids.size() / 3), 3});
   for (const TokenizedExample& ex : examples) {

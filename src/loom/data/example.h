@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/image/processor.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
 #include "loom/data/vqa.h"
 
@@ -17,7 +17,7 @@ constexpr int64_t kIgnoreIndex = -100;  // label of a token that carries no loss
 
 struct TokenizedExample {
   std::vector<int64_t> input_ids, labels;       // labels aligned with input_ids, kIgnoreIndex = no loss
-  std::vector<VisionInput> images;              // in order of their <|image_pad|> runs
+  std::vector<VisionInput> images;              // in order of their image blocks
   std::string question, answer, question_type;  // for evaluation and its report
   int64_t prompt_length = 0;                    // tokens before the answer
 };
@@ -25,17 +25,17 @@ struct TokenizedExample {
 // Words of the chat template beyond the specials; a word tokenizer for chat data includes them.
 const std::vector<std::string>& chat_template_words();  // {"user", "assistant"}
 
-// <|im_start|> user <|vision_start|> <|image_pad|> x N <|vision_end|> QUESTION <|im_end|>
-// <|im_start|> assistant [ANSWER <|im_end|>], N = merged tokens of the image. Labels are the
-// answer tokens and the final <|im_end|>; without the answer the example is a generation prompt.
+// <|im_start|> user START PAD x N END QUESTION <|im_end|> <|im_start|> assistant [ANSWER <|im_end|>],
+// with the processor's image block (START, PAD, END) and N the image's tokens. Labels are the answer
+// tokens and the final <|im_end|>; without the answer the example is a generation prompt.
 TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSample& sample,
-                                   const Qwen2VLImageOptions& options, bool with_answer);
+                                   const ImageProcessor& processor, bool with_answer);
 
 struct Batch {
   at::Tensor input_ids;           // (B, L) int64, right-padded with pad_id
   at::Tensor labels;              // (B, L) int64, kIgnoreIndex on padding and prompt
   at::Tensor attention_mask;      // (B, L) int64, 1 real token, 0 padding
-  at::Tensor pixel_values;        // (sum of patches, 1176) float32, images in order of appearance
+  at::Tensor pixel_values;        // every image's rows (VisionInput) concatenated, in order of appearance
   at::Tensor image_grid_thw;      // (num_images, 3) int64
   int64_t num_target_tokens = 0;  // labels that are a next-token target (!= kIgnoreIndex, not first)
   // Packed batches: one row (B = 1) of examples [cu[i], cu[i+1]) back to back, no padding. Empty

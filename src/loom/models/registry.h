@@ -1,45 +1,51 @@
-// Model families Loom can build, by the name used in `model.family`.
+// The model families Loom builds (models/family.h), by the name model.family gives them, and what a
+// job, `loom shapes` or `loom forward` asks of them: the family and the config.json of a model, checked
+// and built under a layout.
 #pragma once
-#include <functional>
+#include <initializer_list>
 #include <memory>
 #include <nlohmann/json.hpp>
-#include <optional>
 #include <string>
 #include <vector>
 
 #include "loom/config/config.h"
+#include "loom/core/layout.h"
 #include "loom/core/model.h"
-#include "loom/models/qwen2_vl/model.h"
+#include "loom/models/family.h"
+#include "loom/parallel/context/shard.h"
 
 namespace loom::models {
 
-// A family of models Loom builds from a config.json: which config.json files are its own, the
-// published configurations `loom shapes` knows by name, and the model built over ParamOptions
-// (shapes_only: on the meta device, for listings). Each entry is the family's own code; this table
-// is the one place that lists them.
-struct ModelFamily {
-  std::string name;  // as model.family names it
-  std::function<bool(const nlohmann::json& hf)> owns;
-  std::vector<std::string> published;
-  std::function<nlohmann::json(const std::string& published_name)> published_config;
-  // `source` names the config in errors.
-  std::function<std::shared_ptr<core::Model>(const nlohmann::json& hf, const std::string& source,
-                                             const parallel::ParamOptions& options)>
-      build;
-};
+// Every registered family (models/families.inc), in registration order.
+const std::vector<Family>& families();
+std::vector<std::string> family_names();
+// The family model.family names: ConfigError "model.family: 'x' is not one of ..." otherwise.
+const Family& family_named(const std::string& name);
+// The families of one kind, by name.
+std::vector<std::string> family_names(ModelKind kind);
 
-const std::vector<ModelFamily>& model_family_table();
-std::vector<std::string> model_families();
+// For families' `owns`: config.json's model_type is `type`; its _class_name is one of `names`.
+bool model_type_is(const nlohmann::json& hf, const char* type);
+bool class_name_is(const nlohmann::json& hf, std::initializer_list<const char*> names);
+
+// The image processor of a vision-language model of `family` and `hf` (Family::processor), with the
+// settings of `dir`'s processor files when it is not empty. ConfigError for a family without one.
+std::unique_ptr<data::ImageProcessor> make_processor(const std::string& family, const nlohmann::json& hf,
+                                                     const std::string& source, const std::string& dir = "");
 
 // A model `loom shapes` or `loom forward` names: a published name (qwen2-vl-7b, umt5-xxl, ...) or a
 // directory holding a config.json, with its config and family. ConfigError naming it and listing the
 // published names (or the families) when it is neither, or no family owns its config.
 struct NamedModel {
-  const ModelFamily* family = nullptr;
+  const Family* family = nullptr;
   nlohmann::json hf;
   std::string source;  // the name, or the config.json's path
 };
 NamedModel find_model(const std::string& published_name_or_dir);
+
+// The model of a directory find_model named, built under `options` and loaded from the directory.
+std::shared_ptr<core::Model> load_model(const NamedModel& named, const std::string& dir,
+                                        const BuildOptions& options = {});
 
 // The config.json object a job's model section names, and what names it in errors: model.hf_config
 // (a path, a published name of model.family, or inline fields), else init_from's config.json.
@@ -49,29 +55,20 @@ struct NamedConfig {
 };
 NamedConfig job_hf_config(const config::JobConfig& job);
 
-// The architecture of a model from a HuggingFace config.json object; `source` names it in errors.
-Qwen2VLConfig model_config_from_json(const std::string& family, const nlohmann::json& hf,
-                                     const std::string& source);
+// job_hf_config, checked against init_from's config.json when both are given: that must be valid and
+// agree on every architecture field of the family (ConfigError naming the field and both values).
+NamedConfig checked_job_config(const config::JobConfig& job);
 
-// Reads a config.json file (family from its model_type when `family` is empty).
-Qwen2VLConfig model_config_from_file(const std::string& path, const std::string& family = "");
+// The job's parallel layout checked against its model and `world_size` processes, by the family: a
+// one-line ConfigError before any work. Returns the checked config (checked_job_config).
+NamedConfig check_job_layout(const config::JobConfig& job, int64_t world_size);
 
-// Reads `<dir>/config.json` (family from its model_type when `family` is empty).
-Qwen2VLConfig model_config_from_dir(const std::string& dir, const std::string& family = "");
-
-// Builds a model with uninitialised (or, shapes_only, unallocated) parameters, split over
-// options.tp (the vision tower over `vision_tp` when given).
-std::shared_ptr<Qwen2VLForConditionalGeneration> build_model(
-    const Qwen2VLConfig& config, const parallel::ParamOptions& options,
-    const std::optional<parallel::TensorParallelGroup>& vision_tp = std::nullopt);
-
-// The model architecture a job asks for (model.hf_config as a path or inline fields, else
-// init_from's config.json). When both are given, init_from's config.json must be valid and agree
-// on every architecture field (ConfigError naming the field and both values).
-Qwen2VLConfig job_model_config(const config::JobConfig& job);
-
-// Checks the job's parallel layout against its model and `world_size` processes (validate_parallel):
-// a one-line ConfigError before any work.
-void validate_layout(const config::JobConfig& job, const Qwen2VLConfig& model, int64_t world_size);
+// The job's model from its checked config over `layout`: built as the family splits it under the
+// job's parallel section (`cp`: the job's context-parallel groups, formed once per job), initialised
+// from training.seed, loaded from model.init_from when given, and moved to the layout's device
+// (initialised on the CPU, so every device holds the same weights).
+std::shared_ptr<core::Model> build_job_model(const config::JobConfig& job, const NamedConfig& named,
+                                             const core::Layout& layout,
+                                             const parallel::ContextParallelGroup& cp);
 
 }  // namespace loom::models

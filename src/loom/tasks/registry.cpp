@@ -7,14 +7,15 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <optional>
 #include <utility>
 
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/models/converters.h"
 #include "loom/models/registry.h"
 #include "loom/models/wan/dit.h"
-#include "loom/models/wan/names.h"
 #include "loom/models/wan/vae.h"
 #include "loom/models/weights.h"
 #include "loom/nn/fused.h"
@@ -27,127 +28,55 @@ namespace loom::tasks {
 
 namespace {
 
-// Checks the job's layout against its model, forms the groups over `world`, and builds the model and
-// the task over them.
-using TaskBuilder = std::function<BuiltJob(const config::JobConfig&, std::shared_ptr<dist::Comm> world)>;
+// The context-parallel groups of each degree a job may shard a step over (parallel/context/shard.h).
+using ContextDegrees = std::map<int64_t, parallel::ContextParallelGroup>;
 
-BuiltJob build_vlm_sft(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
-  const auto& t = job.training;
-  const models::Qwen2VLConfig config = models::job_model_config(job);
-  models::validate_layout(job, config, world ? world->size() : 1);
-  core::Layout layout = core::make_layout(job, std::move(world));
-  parallel::ParamOptions options;
-  options.dtype = t.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-  options.tp = {layout.tp, job.parallel.sequence_parallel};
-  auto context_parallel =
-      parallel::context_parallel_degrees(layout.cp, job.parallel.cp_ulysses, job.parallel.dynamic_cp);
-  std::optional<parallel::TensorParallelGroup> vision_tp;
-  if (job.parallel.vision_tp == 1) vision_tp = parallel::TensorParallelGroup{};
-  auto model = models::build_model(config, options, vision_tp);
-  models::init_parameters(*model, static_cast<uint64_t>(t.seed));
-  if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
-  model->to(layout.device);  // initialised on the CPU: the same weights on every device
-  BuiltJob built;
-  built.task = std::make_shared<VlmSftTask>(job, model, layout, std::move(context_parallel));
-  built.model = std::move(model);
-  built.layout = std::move(layout);
-  return built;
+// The model a family of the task's kind built, as that kind's interface.
+template <typename Kind>
+std::shared_ptr<Kind> as_kind(std::shared_ptr<core::Model> model, const config::JobConfig& job) {
+  auto typed = std::dynamic_pointer_cast<Kind>(std::move(model));
+  if (!typed)
+    throw ModelError(
+        fmt::format("model.family: {}'s model does not implement its kind's interface", job.model.family));
+  return typed;
 }
 
-// The Wan layouts: data parallelism, ZeRO-1 and FSDP for both; tensor parallelism for the DiT (over its
-// heads and feed-forward, the residual stream whole: no sequence parallelism), and pipeline parallelism
-// (its blocks cut into stages, the embeddings with the first and the head with the last). `tp_width` is what
-// tp must divide besides the heads (the DiT's ffn_dim); 0: the model is whole on every rank.
-void check_wan_layout(const config::JobConfig& job, const char* what, int64_t world_size, int64_t heads,
-                      int64_t layers, int64_t tp_width) {
-  const auto& p = job.parallel;
-  const bool dit = tp_width > 0;
-  if ((!dit && (p.tp != 1 || p.pp != 1 || p.cp != 1)) || p.ep != 1)
-    throw ConfigError(fmt::format(
-        "parallel: {} trains under data parallelism, ZeRO-1{} and FSDP only ({}ep 1{}); got tp {}, "
-        "pp {}, cp {}, ep {}",
-        what, dit ? ", tensor, pipeline and context parallelism" : "", dit ? "" : "pp, cp, ",
-        dit ? "" : ", tp 1", p.tp, p.pp, p.cp, p.ep));
-  if (p.dynamic_cp)
-    throw ConfigError(
-        fmt::format("parallel.dynamic_cp: {}'s samples all hold one number of tokens, so one degree fits "
-                    "every step (remove it, and set parallel.cp)",
-                    what));
-  if (p.sequence_parallel)
-    throw ConfigError(
-        fmt::format("parallel.sequence_parallel: {} keeps whole sequences on every tensor-parallel "
-                    "rank (remove it)",
-                    what));
-  if (p.vision_tp != 0)
-    throw ConfigError(fmt::format("parallel.vision_tp: {} has no vision tower (remove it)", what));
-  if (tp_width > 0 && tp_width % p.tp != 0)
-    throw ConfigError(
-        fmt::format("parallel.tp={} does not divide {}'s ffn_dim {} (each rank holds an equal "
-                    "share of the feed-forward)",
-                    p.tp, what, tp_width));
-  config::validate_parallel(job, {heads, heads, heads, heads, layers}, world_size);
+// The task over a model built for the job: the rank's groups in `layout` and `cp`.
+using TaskBuilder =
+    std::function<std::shared_ptr<core::Task>(const config::JobConfig&, std::shared_ptr<core::Model> model,
+                                              const core::Layout& layout, ContextDegrees cp)>;
+
+std::shared_ptr<core::Task> vlm_sft_task(const config::JobConfig& job, std::shared_ptr<core::Model> model,
+                                         const core::Layout& layout, ContextDegrees cp) {
+  auto processor = models::make_processor(job.model.family, model->hf_config(), job.source);
+  return std::make_shared<VlmSftTask>(job, as_kind<models::VisionLanguageModel>(std::move(model), job),
+                                      layout, std::move(cp), std::move(processor));
 }
 
-models::WanConfig wan_config(const config::JobConfig& job) {
-  const models::NamedConfig named = models::job_hf_config(job);
-  return models::parse_wan_config(named.hf, named.source);
+std::shared_ptr<core::Task> flow_matching_task(const config::JobConfig& job,
+                                               std::shared_ptr<core::Model> model, const core::Layout& layout,
+                                               ContextDegrees /*cp: the model's*/) {
+  return std::make_shared<flow_matching::FlowMatchingTask>(
+      job, std::dynamic_pointer_cast<models::WanModel>(std::move(model)), layout);
 }
 
-models::WanVaeConfig wan_vae_config(const config::JobConfig& job) {
-  const models::NamedConfig named = models::job_hf_config(job);
-  return models::parse_wan_vae_config(named.hf, named.source);
+std::shared_ptr<core::Task> vae_task(const config::JobConfig& job, std::shared_ptr<core::Model> model,
+                                     const core::Layout& layout, ContextDegrees /*cp: 1*/) {
+  return std::make_shared<VaeTask>(job, std::dynamic_pointer_cast<models::WanVAE>(std::move(model)), layout);
 }
 
-parallel::ParamOptions param_options(const config::JobConfig& job, const core::Layout& layout) {
-  parallel::ParamOptions options;
-  options.dtype = job.training.precision == "bf16" ? at::kBFloat16 : at::kFloat;
-  options.tp = {layout.tp, false};
-  options.cp = parallel::context_parallel_group(layout.cp, job.parallel.cp_ulysses);
-  return options;
-}
-
-BuiltJob build_flow_matching(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
-  const models::WanConfig config = wan_config(job);
-  check_wan_layout(job, "the Wan DiT", world ? world->size() : 1, config.num_heads, config.num_layers,
-                   config.ffn_dim);
-  core::Layout layout = core::make_layout(job, std::move(world));
-  auto model = std::make_shared<models::WanModel>(config, param_options(job, layout));
-  models::init_wan_parameters(*model, static_cast<uint64_t>(job.training.seed));
-  if (!job.model.init_from.empty()) models::load_wan_parameters(*model, job.model.init_from);
-  model->to(layout.device);
-  BuiltJob built;
-  built.task = std::make_shared<flow_matching::FlowMatchingTask>(job, model, layout);
-  built.model = std::move(model);
-  built.layout = std::move(layout);
-  return built;
-}
-
-BuiltJob build_vae(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
-  const models::WanVaeConfig config = wan_vae_config(job);
-  check_wan_layout(job, "the Wan VAE", world ? world->size() : 1, 1, 4, 0);
-  core::Layout layout = core::make_layout(job, std::move(world));
-  auto model = std::make_shared<models::WanVAE>(config, param_options(job, layout));
-  models::init_wan_vae_parameters(*model, static_cast<uint64_t>(job.training.seed));
-  if (!job.model.init_from.empty()) models::load_parameters(*model, job.model.init_from);
-  model->to(layout.device);
-  BuiltJob built;
-  built.task = std::make_shared<VaeTask>(job, model, layout);
-  built.model = std::move(model);
-  built.layout = std::move(layout);
-  return built;
-}
-
-// Each task with the model families it trains.
+// Each task with the kind of model it trains.
 struct TaskEntry {
   std::string name;
-  std::vector<std::string> families;
+  models::ModelKind kind;
   TaskBuilder build;
 };
 
 const std::vector<TaskEntry>& builders() {
-  static const std::vector<TaskEntry> table = {{"vlm_sft", {"qwen2_vl", "qwen2_5_vl"}, build_vlm_sft},
-                                               {"flow_matching", {"wan"}, build_flow_matching},
-                                               {"vae", {"wan_vae"}, build_vae}};
+  static const std::vector<TaskEntry> table = {
+      {"vlm_sft", models::ModelKind::vision_language, vlm_sft_task},
+      {"flow_matching", models::ModelKind::denoiser, flow_matching_task},
+      {"vae", models::ModelKind::latent_codec, vae_task}};
   return table;
 }
 
@@ -157,9 +86,9 @@ const TaskEntry& task_entry(const config::JobConfig& job) {
   if (entry == builders().end())
     throw ConfigError(fmt::format("training.task: '{}' is not a task Loom trains (valid: {})",
                                   job.training.task, fmt::join(task_names(), ", ")));
-  if (std::find(entry->families.begin(), entry->families.end(), job.model.family) == entry->families.end())
+  if (models::family_named(job.model.family).kind != entry->kind)
     throw ConfigError(fmt::format("training.task: {} trains model.family {}, not {}", entry->name,
-                                  fmt::join(entry->families, " or "), job.model.family));
+                                  fmt::join(models::family_names(entry->kind), " or "), job.model.family));
   return *entry;
 }
 
@@ -172,22 +101,24 @@ std::vector<std::string> task_names() {
 }
 
 void validate_layout(const config::JobConfig& job, int64_t world_size) {
-  const TaskEntry& entry = task_entry(job);
-  if (entry.name == "flow_matching") {
-    const models::WanConfig config = wan_config(job);
-    check_wan_layout(job, "the Wan DiT", world_size, config.num_heads, config.num_layers, config.ffn_dim);
-  } else if (entry.name == "vae") {
-    wan_vae_config(job);
-    check_wan_layout(job, "the Wan VAE", world_size, 1, 4, 0);
-  } else {
-    models::validate_layout(job, models::job_model_config(job), world_size);
-  }
+  task_entry(job);
+  models::check_job_layout(job, world_size);
 }
 
 BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> world) {
   const TaskEntry& entry = task_entry(job);
   nn::set_fused_kernels(job.features.fused_kernels);
-  return entry.build(job, std::move(world));
+  const models::NamedConfig named = models::check_job_layout(job, world ? world->size() : 1);
+  BuiltJob built;
+  built.layout = core::make_layout(job, std::move(world));
+  // The context-parallel subgroups are formed once (each formation is a collective over the store):
+  // the job's degree for the model, and with parallel.dynamic_cp every divisor of it for the task.
+  ContextDegrees cp =
+      parallel::context_parallel_degrees(built.layout.cp, job.parallel.cp_ulysses, job.parallel.dynamic_cp);
+  built.model = models::build_job_model(job, named, built.layout, cp.at(built.layout.context_parallel));
+  models::convert_model(*built.model, job);
+  built.task = entry.build(job, built.model, built.layout, std::move(cp));
+  return built;
 }
 
 void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps) {

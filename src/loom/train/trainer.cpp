@@ -42,22 +42,10 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
 Trainer::Trainer(config::JobConfig job, JobParts parts) : job_(std::move(job)), parts_(std::move(parts)) {
   const auto& t = job_.training;
   accumulation_ = t.global_batch_size / (t.micro_batch_size * parts_.layout.data_parallel);
-  // Freezing: every parameter under a listed module prefix stops training.
+  // The model comes converted (models/converters.h): what still requires a gradient trains.
   core::Model& model = *parts_.model;
-  const auto named = models::named_parameters(model.module());
-  for (const auto& prefix : job_.model.freeze) {
-    int64_t matched = 0;
-    for (const auto& [name, param] : named)
-      if (name == prefix || name.rfind(prefix + ".", 0) == 0) {
-        param.set_requires_grad(false);
-        ++matched;
-      }
-    if (matched == 0)
-      throw ConfigError(fmt::format("model.freeze: '{}' matches no parameter (e.g. {})", prefix,
-                                    fmt::join(model.freeze_examples(), ", ")));
-  }
   std::vector<NamedParam> params;
-  for (const auto& [name, param] : named)
+  for (const auto& [name, param] : models::named_parameters(model.module()))
     if (param.requires_grad()) {
       params.push_back({name, param});
       trainable_.push_back(param);

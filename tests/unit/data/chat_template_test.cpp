@@ -8,6 +8,7 @@
 #include <thread>
 
 #include "data_test_util.h"
+#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/tokenizer/bpe_tokenizer.h"
 #include "loom/util/errors.h"
 
@@ -60,16 +61,25 @@ const Ids kToAssistant = Ids{kImEnd, '\n', kImStart} + bytes("assistant\n");
 
 Ids image_tokens(int64_t n) { return Ids{kVisionStart} + repeat(kImagePad, n) + Ids{kVisionEnd}; }
 
-VisionInput grid_only(int64_t t, int64_t h, int64_t w) {
+// An image as the Qwen2-VL processor at `merge` describes it, without its pixels.
+VisionInput grid_only(int64_t t, int64_t h, int64_t w, int64_t merge = 2) {
   VisionInput v;
   v.grid_thw = {t, h, w};
+  v.tokens = merged_token_count(v.grid_thw, merge);
   return v;
+}
+
+// The options with the Qwen2-VL image processor (its default settings): images as
+// <|vision_start|> <|image_pad|> x merged tokens <|vision_end|>.
+ChatTemplateOptions qwen2vl(ChatTemplateOptions options = {}) {
+  options.processor = std::make_shared<Qwen2VLImageProcessor>(Qwen2VLImageOptions{});
+  return options;
 }
 
 }  // namespace
 
 TEST(ChatTemplate, HandWorkedIdsAndLabelsWithDefaultSystemAndPngImage) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   SkipLog skips;
   const std::optional<ConversationExample> ex = chat_template.build(chat()[0], skips);
   ASSERT_TRUE(ex.has_value());
@@ -94,7 +104,7 @@ TEST(ChatTemplate, HandWorkedIdsAndLabelsWithDefaultSystemAndPngImage) {
 }
 
 TEST(ChatTemplate, SystemMessageReplacesTheDefaultAndJpegGridSetsTheCount) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   SkipLog skips;
   const std::optional<ConversationExample> ex = chat_template.build(chat()[1], skips);
   ASSERT_TRUE(ex.has_value());
@@ -108,7 +118,7 @@ TEST(ChatTemplate, SystemMessageReplacesTheDefaultAndJpegGridSetsTheCount) {
 }
 
 TEST(ChatTemplate, MultiTurnLabelsEveryReplyAndNoMergeCrossesASpecialToken) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   const ConversationExample ex = chat_template.apply(chat()[2], {});
   // user "Line one\n\nLine two" (the two newlines merge), assistant "ok", user "hi\n", assistant "done".
   // "hi\n" ends in a newline and "\n" follows its <|im_end|>; they are encoded apart, so stay two 10s.
@@ -125,7 +135,7 @@ TEST(ChatTemplate, MultiTurnLabelsEveryReplyAndNoMergeCrossesASpecialToken) {
 }
 
 TEST(ChatTemplate, MergesInsideTextPieces) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   // user "Count the users." -> "Count", " the", " users", "." with " users" = Ġ user s.
   const ConversationExample ex = chat_template.apply(chat()[5], {});
   const Ids prompt =
@@ -136,22 +146,21 @@ TEST(ChatTemplate, MergesInsideTextPieces) {
 }
 
 TEST(ChatTemplate, ImageExpansionCountComesFromTheGrid) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   // user "<image> and <image>: same?" with grids (1, 6, 8) and (2, 4, 4): 48/4 = 12 and 32/4 = 8 tokens.
   const ConversationExample ex = chat_template.apply(chat()[3], {grid_only(1, 6, 8), grid_only(2, 4, 4)});
   const Ids prompt = kDefaultSystem + kUserTurn + image_tokens(12) + bytes(" and ") + image_tokens(8) +
                      bytes(": same?") + kToAssistant;
   EXPECT_EQ(ex.input_ids, (prompt + Ids{'n', 'o', kImEnd, '\n'}));
 
-  ChatTemplateOptions merge4;
-  merge4.image.merge_size = 4;  // 48/16 = 3 and 32/16 = 2
+  // The block holds the tokens the processor gave each image: at merge 4, 48/16 = 3 and 32/16 = 2.
   const ConversationExample ex4 =
-      ChatTemplate(tokenizer(), merge4).apply(chat()[3], {grid_only(1, 6, 8), grid_only(2, 4, 4)});
+      chat_template.apply(chat()[3], {grid_only(1, 6, 8, /*merge=*/4), grid_only(2, 4, 4, /*merge=*/4)});
   EXPECT_EQ(std::count(ex4.input_ids.begin(), ex4.input_ids.end(), kImagePad), 5);
 }
 
 TEST(ChatTemplate, SmallGreyImageIsScaledUpToFourTokens) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   SkipLog skips;
   // grey.png is 28x28 grey; min_pixels 56*56 scales it to 56x56.
   const std::optional<ConversationExample> ex = chat_template.build(chat()[4], skips);
@@ -164,7 +173,8 @@ TEST(ChatTemplate, TrainOnPromptLabelsAllButImagePads) {
   ChatTemplateOptions options;
   options.train_on_prompt = true;
   SkipLog skips;
-  const std::optional<ConversationExample> ex = ChatTemplate(tokenizer(), options).build(chat()[0], skips);
+  const std::optional<ConversationExample> ex =
+      ChatTemplate(tokenizer(), qwen2vl(options)).build(chat()[0], skips);
   ASSERT_TRUE(ex.has_value());
   Ids expected = ex->input_ids;
   for (int64_t& id : expected) {
@@ -178,7 +188,7 @@ TEST(ChatTemplate, GenerationPromptEndsWithTheAssistantHeader) {
   ChatTemplateOptions options;
   options.generation_prompt = true;
   options.train_on_prompt = true;  // no effect on a generation prompt
-  const ConversationExample ex = ChatTemplate(tokenizer(), options).apply(chat()[2], {});
+  const ConversationExample ex = ChatTemplate(tokenizer(), qwen2vl(options)).apply(chat()[2], {});
   const Ids expected = kDefaultSystem + kUserTurn + bytes("Line one") + Ids{kTwoNewlines} +
                        bytes("Line two") + kToAssistant + Ids{kOk, kImEnd, '\n'} + kUserTurn + bytes("hi\n") +
                        kToAssistant;
@@ -189,7 +199,7 @@ TEST(ChatTemplate, GenerationPromptEndsWithTheAssistantHeader) {
 }
 
 TEST(ChatTemplate, EncodeChatEndsWithTheLastMessageOrTheGenerationPrompt) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   // A chat that ends with the user: "<|im_start|>user\nhi<|im_end|>\n", then the opening of the reply
   // when asked.
   const std::vector<Message> ask = {{Role::user, "hi"}};
@@ -207,11 +217,11 @@ TEST(ChatTemplate, EncodeChatEndsWithTheLastMessageOrTheGenerationPrompt) {
   ChatTemplateOptions options;
   options.generation_prompt = true;
   options.train_on_prompt = true;
-  EXPECT_EQ(ChatTemplate(tokenizer(), options).encode_chat(replied, false), whole);
+  EXPECT_EQ(ChatTemplate(tokenizer(), qwen2vl(options)).encode_chat(replied, false), whole);
 }
 
 TEST(ChatTemplate, EncodeChatRefusesBadChatsAndImagePlaceholders) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   EXPECT_NE(message_of([&] {
               chat_template.encode_chat({{Role::assistant, "a"}}, true);
             }).find("message 0 is an assistant message where a user message must come"),
@@ -225,7 +235,7 @@ TEST(ChatTemplate, EncodeChatRefusesBadChatsAndImagePlaceholders) {
 }
 
 TEST(ChatTemplate, ConvertsToTokenizedExampleAndCollates) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   SkipLog skips;
   const std::vector<Conversation> samples = chat();
   const ConversationExample with_image = *chat_template.build(samples[0], skips);
@@ -262,7 +272,7 @@ TEST(ChatTemplate, MissingCorruptAndBadSamplesAreSkippedWithReasons) {
   spec.path = kDir + "/bad_samples.json";
   const std::vector<Conversation> samples = read_conversations(spec, read_skips);
   ASSERT_EQ(samples.size(), 4u);  // samples 0, 6, 7, 9
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   SkipLog skips;
   EXPECT_TRUE(chat_template.build(samples[0], skips).has_value());
   EXPECT_FALSE(chat_template.build(samples[1], skips).has_value());
@@ -286,7 +296,7 @@ TEST(ChatTemplate, MissingCorruptAndBadSamplesAreSkippedWithReasons) {
 }
 
 TEST(ChatTemplate, ApplyRejectsMismatchedImagesAndBadConversations) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   const std::vector<Conversation> samples = chat();
   EXPECT_EQ(message_of([&] { chat_template.apply(samples[0], {}); }),
             kDir + "/chat.json sample 0: 0 processed images given for 1 image paths");
@@ -303,7 +313,7 @@ TEST(ChatTemplate, TokenizerWithoutChatTokensIsAnError) {
 }
 
 TEST(ChatTemplate, ThreadsBuildTheSameExamples) {
-  const ChatTemplate chat_template(tokenizer());
+  const ChatTemplate chat_template(tokenizer(), qwen2vl());
   const std::vector<Conversation> samples = chat();
   SkipLog skips;
   std::vector<Ids> expected;
@@ -328,7 +338,7 @@ TEST(ChatTemplate, QwenTokenizerGivesTheQwen2VLTemplateText) {
   // (as HuggingFace's apply_chat_template writes it) are the ids built piece by piece here.
   const BpeTokenizer qwen =
       BpeTokenizer::load(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3_tokenizer.json");
-  const ChatTemplate chat_template(qwen);
+  const ChatTemplate chat_template(qwen, qwen2vl());
   SkipLog skips;
   const std::vector<Conversation> samples = chat();
   const ConversationExample ex = *chat_template.build(samples[1], skips);

@@ -2,6 +2,7 @@
 #include <gtest/gtest.h>
 
 #include "loom/data/example.h"
+#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/util/errors.h"
 
 using namespace loom::data;
@@ -24,7 +25,7 @@ VqaSample sample(int size, const std::string& question, const std::string& answe
 TEST(VqaExample, ChatTemplateLayoutAndLabels) {
   const WordTokenizer tok = tokenizer();
   const TokenizedExample ex = build_vqa_example(tok, sample(56, "what color is the circle ?", "red", "color"),
-                                                Qwen2VLImageOptions{}, true);
+                                                Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true);
   // A 56x56 image is 4x4 patches of 14, merged 2x2 into 4 tokens.
   const std::vector<int64_t> expected = {1, 8, 3, 5, 5, 5, 5, 4, 10, 11, 12, 13, 14, 15, 2, 1, 9, 16, 2};
   EXPECT_EQ(ex.input_ids, expected);
@@ -45,7 +46,7 @@ TEST(VqaExample, ChatTemplateLayoutAndLabels) {
 TEST(VqaExample, PromptOnlyWithoutAnswer) {
   const WordTokenizer tok = tokenizer();
   const TokenizedExample ex = build_vqa_example(tok, sample(56, "what color is the circle ?", "red", "color"),
-                                                Qwen2VLImageOptions{}, false);
+                                                Qwen2VLImageProcessor(Qwen2VLImageOptions{}), false);
   EXPECT_EQ(ex.input_ids, (std::vector<int64_t>{1, 8, 3, 5, 5, 5, 5, 4, 10, 11, 12, 13, 14, 15, 2, 1, 9}));
   EXPECT_EQ(ex.prompt_length, 17);
   EXPECT_EQ(ex.labels, std::vector<int64_t>(17, -100));
@@ -55,8 +56,9 @@ TEST(VqaExample, PromptOnlyWithoutAnswer) {
 TEST(VqaExample, ImagePadCountFollowsTheGrid) {
   const WordTokenizer tok = tokenizer();
   // 112x112 -> 8x8 patches -> 16 merged tokens.
-  const TokenizedExample ex = build_vqa_example(
-      tok, sample(112, "where is the circle ?", "top left", "position"), Qwen2VLImageOptions{}, true);
+  const TokenizedExample ex =
+      build_vqa_example(tok, sample(112, "where is the circle ?", "top left", "position"),
+                        Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true);
   EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), 5), 16);
   EXPECT_EQ(ex.images.at(0).grid_thw, (std::array<int64_t, 3>{1, 8, 8}));
   EXPECT_EQ(ex.prompt_length, 3 + 16 + 1 + 5 + 3);
@@ -65,18 +67,19 @@ TEST(VqaExample, ImagePadCountFollowsTheGrid) {
 
 TEST(VqaExample, TemplateWordsMustBeInTheTokenizer) {
   const WordTokenizer without_roles = WordTokenizer::from_words({"what", "?"});
-  EXPECT_THROW(
-      build_vqa_example(without_roles, sample(56, "what ?", "red", "color"), Qwen2VLImageOptions{}, true),
-      loom::DataError);
+  EXPECT_THROW(build_vqa_example(without_roles, sample(56, "what ?", "red", "color"),
+                                 Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true),
+               loom::DataError);
   EXPECT_EQ(chat_template_words(), (std::vector<std::string>{"user", "assistant"}));
 }
 
 TEST(Collate, PadsStacksImagesAndCountsTargets) {
   const WordTokenizer tok = tokenizer();
   const TokenizedExample a = build_vqa_example(tok, sample(56, "what color is the circle ?", "red", "color"),
-                                               Qwen2VLImageOptions{}, true);
-  const TokenizedExample b = build_vqa_example(
-      tok, sample(112, "where is the circle ?", "top left", "position"), Qwen2VLImageOptions{}, true);
+                                               Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true);
+  const TokenizedExample b =
+      build_vqa_example(tok, sample(112, "where is the circle ?", "top left", "position"),
+                        Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true);
   const Batch batch = collate({a, b}, 0);
   const int64_t la = a.input_ids.size(), lb = b.input_ids.size();
   ASSERT_EQ(la, 19);
@@ -106,9 +109,9 @@ TEST(Collate, PadsStacksImagesAndCountsTargets) {
 TEST(Collate, UsesTheGivenPadIdAndRejectsEmpty) {
   const WordTokenizer tok = tokenizer();
   const TokenizedExample a = build_vqa_example(tok, sample(56, "what color is the circle ?", "red", "color"),
-                                               Qwen2VLImageOptions{}, false);
+                                               Qwen2VLImageProcessor(Qwen2VLImageOptions{}), false);
   const TokenizedExample b = build_vqa_example(tok, sample(56, "what color is the circle ?", "red", "color"),
-                                               Qwen2VLImageOptions{}, true);
+                                               Qwen2VLImageProcessor(Qwen2VLImageOptions{}), true);
   const Batch batch = collate({a, b}, 7);
   EXPECT_EQ(batch.input_ids[0][17].item<int64_t>(), 7);
   EXPECT_EQ(batch.input_ids[0][18].item<int64_t>(), 7);

@@ -10,7 +10,7 @@
 
 #include "loom/checkpoint/safetensors.h"
 #include "loom/config/config.h"
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"

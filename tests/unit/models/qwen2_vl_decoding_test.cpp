@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "loom/models/qwen2_vl/decoding.h"
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 

@@ -8,7 +8,7 @@
 
 #include "loom/data/image/decode.h"
 #include "loom/data/image/qwen2vl_processor.h"
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 
 namespace loom::models {

@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 

@@ -2,7 +2,7 @@
 // shapes, exact parameter counts, and nothing allocated.
 #include <gtest/gtest.h>
 
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 
 namespace loom::models {

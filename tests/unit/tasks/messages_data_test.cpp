@@ -10,6 +10,7 @@
 #include <string>
 
 #include "../checkpoint/temp_dir.h"
+#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -52,7 +53,8 @@ class MessagesDataTest : public ::testing::Test {
   std::string held_out_error(const std::string& eval_text, int64_t eval_samples = 1) const {
     const data::Qwen2VLImageOptions image;
     try {
-      const MessagesData data(section(eval_text, eval_samples), 1, image);
+      const MessagesData data(section(eval_text, eval_samples), 1,
+                              std::make_unique<data::Qwen2VLImageProcessor>(image));
       data.eval_prompts(0, data.eval_samples());
     } catch (const DataError& e) {
       return e.what();
@@ -66,7 +68,8 @@ class MessagesDataTest : public ::testing::Test {
 
 TEST_F(MessagesDataTest, AUsableHeldOutSetGivesItsPrompts) {
   const data::Qwen2VLImageOptions image;
-  const MessagesData data(section(sample("red.png", "red") + sample("sky.jpg", "blue"), 2), 1, image);
+  const MessagesData data(section(sample("red.png", "red") + sample("sky.jpg", "blue"), 2), 1,
+                          std::make_unique<data::Qwen2VLImageProcessor>(image));
   const data::Batch batch = data.eval_prompts(0, 2);
   EXPECT_EQ(batch.input_ids.size(0), 2);
   EXPECT_EQ(batch.answers, (std::vector<std::string>{"red", "blue"}));
@@ -76,8 +79,12 @@ TEST_F(MessagesDataTest, AUsableHeldOutSetGivesItsPrompts) {
 TEST_F(MessagesDataTest, EvalSamplesTakesTheFirstHeldOutSamplesOrAllOfThem) {
   const data::Qwen2VLImageOptions image;
   const std::string two = sample("red.png", "red") + sample("sky.jpg", "blue");
-  EXPECT_EQ(MessagesData(section(two, 1), 1, image).eval_samples(), 1);
-  EXPECT_EQ(MessagesData(section(two, 1000), 1, image).eval_samples(), 2);  // the default, over a small file
+  EXPECT_EQ(
+      MessagesData(section(two, 1), 1, std::make_unique<data::Qwen2VLImageProcessor>(image)).eval_samples(),
+      1);
+  EXPECT_EQ(MessagesData(section(two, 1000), 1, std::make_unique<data::Qwen2VLImageProcessor>(image))
+                .eval_samples(),
+            2);  // the default, over a small file
 }
 
 TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {
@@ -125,7 +132,7 @@ TEST_F(MessagesDataTest, AnOverlongHeldOutPromptIsAnErrorWhenTheDataIsRead) {
   d.max_seq_len = 8;
   const data::Qwen2VLImageOptions image;
   try {
-    const MessagesData data(d, 1, image);
+    const MessagesData data(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(image));
     FAIL() << "expected a DataError";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("held-out sample 0 of " + dir_ + "/eval.jsonl has "),

@@ -6,10 +6,16 @@
 
 #include <map>
 
+#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
 namespace {
+
+// The processor of the tiny Qwen2-VL models these sets train (patch 14, merge 2).
+std::unique_ptr<data::ImageProcessor> qwen2vl() {
+  return std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{});
+}
 
 config::DataSection fashion(int64_t eval_samples = 100) {
   config::DataSection d;
@@ -34,7 +40,7 @@ std::map<std::string, int> answer_counts(const VqaData& data, int64_t begin, int
 // Fashion-MNIST's training split holds exactly 6,000 images of each of its 10 classes, so an
 // epoch that visits every image once shows each answer exactly 6,000 times.
 TEST(VqaData, FashionEpochsArePermutationsOfTheTrainingSplit) {
-  const VqaData data(fashion(), 7);
+  const VqaData data(fashion(), 7, qwen2vl());
   for (int64_t epoch : {0, 1}) {
     const auto counts = answer_counts(data, epoch * 60000, (epoch + 1) * 60000);
     ASSERT_EQ(counts.size(), 10u);
@@ -42,17 +48,17 @@ TEST(VqaData, FashionEpochsArePermutationsOfTheTrainingSplit) {
   }
   // Each epoch has its own order, and the same seed gives the same order.
   EXPECT_NE(answers(data, 0, 100), answers(data, 60000, 60100));
-  EXPECT_EQ(answers(data, 192, 256), answers(VqaData(fashion(), 7), 192, 256));
-  EXPECT_NE(answers(data, 192, 256), answers(VqaData(fashion(), 8), 192, 256));
+  EXPECT_EQ(answers(data, 192, 256), answers(VqaData(fashion(), 7, qwen2vl()), 192, 256));
+  EXPECT_NE(answers(data, 192, 256), answers(VqaData(fashion(), 8, qwen2vl()), 192, 256));
 }
 
 TEST(VqaData, FashionImagesAreProcessedAtImageSize) {
-  const auto examples = VqaData(fashion(), 1).train_examples(0, 2).examples;
+  const auto examples = VqaData(fashion(), 1, qwen2vl()).train_examples(0, 2).examples;
   ASSERT_EQ(examples.size(), 2u);
   EXPECT_EQ(examples[0].images.at(0).grid_thw, (std::array<int64_t, 3>{1, 2, 2}));  // 28 px / patch 14
   auto d = fashion();
   d.image_size = 56;  // the 28 px photo is scaled up to 56 px: 4 x 4 patches
-  EXPECT_EQ(VqaData(d, 1).train_examples(0, 1).examples.at(0).images.at(0).grid_thw,
+  EXPECT_EQ(VqaData(d, 1, qwen2vl()).train_examples(0, 1).examples.at(0).images.at(0).grid_thw,
             (std::array<int64_t, 3>{1, 4, 4}));
 }
 
@@ -61,7 +67,8 @@ TEST(VqaData, FashionImagesAreProcessedAtImageSize) {
 TEST(VqaData, HflipMirrorsHalfTheTrainingImagesAndNoHeldOutOne) {
   auto flipping = fashion();
   flipping.hflip = true;
-  const VqaData plain(fashion(), 3), flipped(flipping, 3), again(flipping, 3);
+  const VqaData plain(fashion(), 3, qwen2vl()), flipped(flipping, 3, qwen2vl()),
+      again(flipping, 3, qwen2vl());
   const auto a = plain.train_examples(0, 200).examples, b = flipped.train_examples(0, 200).examples,
              c = again.train_examples(0, 200).examples;
   int mirrored = 0;
@@ -80,7 +87,8 @@ TEST(VqaData, HflipMirrorsHalfTheTrainingImagesAndNoHeldOutOne) {
 TEST(VqaData, ShiftMovesTrainingImagesByBoundedOffsets) {
   auto shifting = fashion();
   shifting.shift = 2;
-  const VqaData plain(fashion(), 3), shifted(shifting, 3), again(shifting, 3);
+  const VqaData plain(fashion(), 3, qwen2vl()), shifted(shifting, 3, qwen2vl()),
+      again(shifting, 3, qwen2vl());
   std::map<std::pair<int, int>, int> offsets;
   for (int64_t i = 0; i < 300; ++i) {
     const data::VqaSample a = plain.sample(data::Split::train, i), b = shifted.sample(data::Split::train, i);
@@ -106,7 +114,7 @@ TEST(VqaData, ShiftMovesTrainingImagesByBoundedOffsets) {
 
 TEST(VqaData, LimitsAreErrorsNamingTheKey) {
   try {
-    VqaData(fashion(10001), 1);
+    VqaData(fashion(10001), 1, qwen2vl());
     FAIL() << "expected a ConfigError";
   } catch (const ConfigError& e) {
     EXPECT_STREQ(e.what(),
@@ -114,7 +122,7 @@ TEST(VqaData, LimitsAreErrorsNamingTheKey) {
   }
   auto d = fashion();
   d.max_seq_len = 8;
-  const VqaData data(d, 1);
+  const VqaData data(d, 1, qwen2vl());
   try {
     data.eval_prompts(0, 1);
     FAIL() << "expected a DataError";
@@ -129,7 +137,7 @@ TEST(VqaData, LimitsAreErrorsNamingTheKey) {
 // and <|im_end|>): 15 or 16 tokens.
 TEST(VqaData, OverlongTrainingSamplesAreDroppedTruncatedOrAnErrorAndCounted) {
   auto d = fashion();
-  const auto full = VqaData(d, 3).train_examples(0, 40);
+  const auto full = VqaData(d, 3, qwen2vl()).train_examples(0, 40);
   ASSERT_EQ(full.examples.size(), 40u);
   int64_t long_ones = 0;
   for (const auto& ex : full.examples) long_ones += ex.input_ids.size() > 15;
@@ -138,14 +146,14 @@ TEST(VqaData, OverlongTrainingSamplesAreDroppedTruncatedOrAnErrorAndCounted) {
 
   d.max_seq_len = 15;
   d.overlong = "drop";
-  const auto dropped = VqaData(d, 3).train_examples(0, 40);
+  const auto dropped = VqaData(d, 3, qwen2vl()).train_examples(0, 40);
   EXPECT_EQ(dropped.dropped, long_ones);
   EXPECT_EQ(dropped.truncated, 0);
   EXPECT_EQ(static_cast<int64_t>(dropped.examples.size()), 40 - long_ones);
   for (const auto& ex : dropped.examples) EXPECT_LE(ex.input_ids.size(), 15u);
 
   d.overlong = "truncate";
-  const auto cut = VqaData(d, 3).train_examples(0, 40);
+  const auto cut = VqaData(d, 3, qwen2vl()).train_examples(0, 40);
   EXPECT_EQ(cut.truncated, long_ones);
   EXPECT_EQ(cut.dropped, 0);
   ASSERT_EQ(cut.examples.size(), 40u);
@@ -160,7 +168,7 @@ TEST(VqaData, OverlongTrainingSamplesAreDroppedTruncatedOrAnErrorAndCounted) {
 
   d.overlong = "error";
   try {
-    VqaData(d, 3).train_examples(0, 40);
+    VqaData(d, 3, qwen2vl()).train_examples(0, 40);
     FAIL() << "expected a DataError";
   } catch (const DataError& e) {
     EXPECT_NE(std::string(e.what()).find("training sample "), std::string::npos) << e.what();

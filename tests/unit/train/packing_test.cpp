@@ -3,9 +3,10 @@
 #include <gtest/gtest.h>
 
 #include "loom/data/batching.h"
+#include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/synth/shapes_vqa.h"
 #include "loom/data/tokenizer/word_tokenizer.h"
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 #include "loom/tasks/vlm_sft/task.h"
 #include "loom/train/trainer.h"
@@ -50,7 +51,8 @@ std::vector<data::TokenizedExample> examples(const data::WordTokenizer& tokenize
     const data::ShapesVqa shapes(11, size);
     options.min_pixels = options.max_pixels = size * size;
     for (int64_t i : {0, 1})
-      out.push_back(data::build_vqa_example(tokenizer, shapes.sample(data::Split::train, i + size), options,
+      out.push_back(data::build_vqa_example(tokenizer, shapes.sample(data::Split::train, i + size),
+                                            data::Qwen2VLImageProcessor(options),
                                             /*with_answer=*/true));
   }
   data::TokenizedExample text;

@@ -4,7 +4,7 @@
 #include <memory>
 
 #include "loom/core/layer.h"
-#include "loom/models/registry.h"
+#include "loom/models/qwen2_vl/spec.h"
 #include "loom/models/weights.h"
 
 namespace loom::testing {

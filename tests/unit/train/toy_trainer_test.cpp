@@ -19,6 +19,7 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/checkpoint/trainer_state.h"
 #include "loom/dist/launch_env.h"
+#include "loom/models/converters.h"
 #include "loom/models/weights.h"
 #include "loom/train/trainer.h"
 #include "loom/util/errors.h"
@@ -237,6 +238,7 @@ TEST(ToyTask, ACheckpointWithNonFiniteWeightsIsNeverSaved) {
     at::NoGradGuard no_grad;
     model->spare.fill_(std::numeric_limits<float>::infinity());
   }
+  models::convert_model(*model, job);
   auto task = std::make_shared<testing::ToyRegression>(model, layout, 16, 4);
   Trainer trainer(job, JobParts{layout, model, task});
   try {

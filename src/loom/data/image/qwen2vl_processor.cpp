@@ -2,8 +2,12 @@
 // (float64 rescale rounded to float32, then float32 normalisation) so results agree to rounding.
 #include "loom/data/image/qwen2vl_processor.h"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -94,7 +98,7 @@ VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions&
                            .permute({0, 3, 6, 4, 7, 2, 1, 5, 8})
                            .clone(at::MemoryFormat::Contiguous)
                            .view({gt * gh * gw, C * T * p * p});
-  return {patches, {gt, gh, gw}};
+  return {patches, {gt, gh, gw}, merged_token_count({gt, gh, gw}, m)};
 }
 
 int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {
@@ -106,6 +110,81 @@ int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {
                     std::to_string(merge) + " merge windows");
   }
   return patches / unit;
+}
+
+Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLImageOptions options) {
+  namespace fs = std::filesystem;
+  fs::path path = fs::path(dir) / "preprocessor_config.json";
+  std::string within;
+  if (!fs::exists(path)) {
+    path = fs::path(dir) / "processor_config.json";
+    within = "image_processor";
+  }
+  if (!fs::exists(path)) return options;
+  std::ifstream in(path);
+  if (!in) throw DataError(fmt::format("{}: cannot be read", path.string()));
+  try {
+    const nlohmann::json file = nlohmann::json::parse(in);
+    const nlohmann::json& j = within.empty() ? file : file.at(within);
+    if (j.contains("min_pixels")) {
+      options.min_pixels = j["min_pixels"].get<int64_t>();
+    } else if (j.contains("size") && j["size"].contains("shortest_edge")) {
+      options.min_pixels = j["size"]["shortest_edge"].get<int64_t>();
+    }
+    if (j.contains("max_pixels")) {
+      options.max_pixels = j["max_pixels"].get<int64_t>();
+    } else if (j.contains("size") && j["size"].contains("longest_edge")) {
+      options.max_pixels = j["size"]["longest_edge"].get<int64_t>();
+    }
+    if (j.contains("image_mean"))
+      for (size_t c = 0; c < 3; ++c) options.mean[c] = j["image_mean"].at(c).get<float>();
+    if (j.contains("image_std"))
+      for (size_t c = 0; c < 3; ++c) options.std[c] = j["image_std"].at(c).get<float>();
+  } catch (const nlohmann::json::parse_error& e) {
+    throw DataError(fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
+  } catch (const nlohmann::json::exception& e) {
+    throw DataError(fmt::format("{}: {}", path.string(), e.what()));
+  }
+  return options;
+}
+
+const ImageBlock& Qwen2VLImageProcessor::block() const {
+  static const ImageBlock block{"<|vision_start|>", "<|image_pad|>", "<|vision_end|>"};
+  return block;
+}
+
+void Qwen2VLImageProcessor::set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) {
+  options_.min_pixels = min_pixels;
+  options_.max_pixels = max_pixels;
+}
+
+nlohmann::ordered_json Qwen2VLImageProcessor::preprocessor_config() const {
+  const Qwen2VLImageOptions& image = options_;
+  return {{"image_processor_type", "Qwen2VLImageProcessor"},
+          {"processor_class", "Qwen2VLProcessor"},
+          {"do_convert_rgb", true},
+          {"do_resize", true},
+          {"resample", 3},  // bicubic
+          {"do_rescale", true},
+          {"rescale_factor", 1.0 / 255.0},
+          {"do_normalize", true},
+          {"image_mean", image.mean},
+          {"image_std", image.std},
+          {"min_pixels", image.min_pixels},
+          {"max_pixels", image.max_pixels},
+          {"size",
+           {{"min_pixels", image.min_pixels},
+            {"max_pixels", image.max_pixels},
+            {"shortest_edge", image.min_pixels},
+            {"longest_edge", image.max_pixels}}},
+          {"patch_size", image.patch_size},
+          {"temporal_patch_size", image.temporal_patch_size},
+          {"merge_size", image.merge_size}};
+}
+
+const std::string& Qwen2VLImageProcessor::default_system() const {
+  static const std::string system = "You are a helpful assistant.";
+  return system;
 }
 
 }  // namespace loom::data

@@ -5,8 +5,11 @@
 
 #include <array>
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "loom/data/image/image.h"
+#include "loom/data/image/processor.h"
 
 namespace loom::data {
 
@@ -22,11 +25,6 @@ struct GridSize {
 GridSize smart_resize(int64_t height, int64_t width, int64_t factor = 28, int64_t min_pixels = 56 * 56,
                       int64_t max_pixels = 28 * 28 * 1280);
 
-struct VisionInput {
-  at::Tensor pixel_values;          // (gt*gh*gw, C*temporal*patch*patch) float32, e.g. (24, 1176)
-  std::array<int64_t, 3> grid_thw;  // (gt, gh, gw) in patches before merging
-};
-
 struct Qwen2VLImageOptions {
   int64_t min_pixels = 56 * 56;
   int64_t max_pixels = 28 * 28 * 1280;
@@ -37,11 +35,38 @@ struct Qwen2VLImageOptions {
   std::array<float, 3> std{0.26862954f, 0.26130258f, 0.27577711f};
 };
 
-// One image -> patch rows. Each row is laid out [C][T][patch][patch]; rows come in groups of
-// merge_size^2 (one merge window), windows in row-major order.
+// One image -> patch rows (gt*gh*gw, C*temporal*patch*patch) float32, e.g. (24, 1176), with their
+// grid (gt, gh, gw) in patches before merging and the merged tokens they take. Each row is laid out
+// [C][T][patch][patch]; rows come in groups of merge_size^2 (one merge window), windows in row-major
+// order.
 VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions& options = {});
 
 // Number of LLM tokens an image occupies after the merger: gt*gh*gw / merge^2.
 int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge = 2);
+
+// `options` with the image processor settings of a model directory: its preprocessor_config.json, or
+// transformers 5's processor_config.json (the settings under "image_processor", the pixel bounds as
+// size.shortest_edge / longest_edge); `options` as they are when neither exists. DataError naming the
+// file when it is not valid JSON or a value has the wrong type.
+Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLImageOptions options);
+
+// Qwen2VLImageProcessor as the data path uses it: images as <|vision_start|>, the merged tokens'
+// <|image_pad|>, <|vision_end|>; "You are a helpful assistant." as the default system message.
+class Qwen2VLImageProcessor : public ImageProcessor {
+ public:
+  explicit Qwen2VLImageProcessor(const Qwen2VLImageOptions& options) : options_(options) {}
+  VisionInput process(const Image& image) const override { return qwen2vl_process_image(image, options_); }
+  const ImageBlock& block() const override;
+  void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
+  int64_t size_multiple() const override { return options_.patch_size * options_.merge_size; }
+  // Its settings, with both the older (min_pixels, max_pixels) and the newer (shortest_edge,
+  // longest_edge) forms of its size.
+  nlohmann::ordered_json preprocessor_config() const override;
+  const std::string& default_system() const override;
+  const Qwen2VLImageOptions& options() const { return options_; }
+
+ private:
+  Qwen2VLImageOptions options_;
+};
 
 }  // namespace loom::data

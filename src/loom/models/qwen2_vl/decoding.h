@@ -8,17 +8,13 @@
 
 namespace loom::models {
 
-class Qwen2VLDecoder {
+class Qwen2VLDecoder : public VisionLanguageDecoder {
  public:
   // The model must outlive the decoder.
   explicit Qwen2VLDecoder(const Qwen2VLForConditionalGeneration& model) : model_(&model) {}
 
-  // Left-padded prompts (their attention mask 0 on the padding at the start of rows, every row's
-  // last token real), images included -> the whole logits of each row's last token (B, vocab).
-  // Starts a new cache.
-  at::Tensor prefill(const VisionLanguageInputs& prompts);
-  // One token per row (B) after those seen -> their whole logits (B, vocab).
-  at::Tensor step(const at::Tensor& tokens);
+  at::Tensor prefill(const VisionLanguageInputs& prompts) override;
+  at::Tensor step(const at::Tensor& tokens) override;
 
   int64_t length() const { return cache_.length(); }  // tokens per row seen so far, padding included
 

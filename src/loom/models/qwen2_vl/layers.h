@@ -20,15 +20,15 @@
 #include "loom/core/layer.h"
 #include "loom/models/qwen2_vl/config.h"
 #include "loom/models/qwen2_vl/language.h"
+#include "loom/models/vision_language.h"
 #include "loom/parallel/sequence.h"
 
 namespace loom::models {
 
 class VisionTransformer;
-struct VisionLanguageInputs;
 
 // What every layer of one micro-batch reads, built once before the first layer.
-struct Qwen2VLContext : core::Context {
+struct Qwen2VLContext : VisionLanguageContext {
   // Vision tower (pixel_values undefined: no images).
   at::Tensor pixel_values;                   // (patches, C*T*P*P)
   at::Tensor vision_cos, vision_sin;         // (patches, 1, head_dim), in window order
@@ -46,9 +46,8 @@ struct Qwen2VLContext : core::Context {
   at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
   std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
   parallel::SequenceChunks text_chunks;
-  // Context parallelism (text_shard.enabled()): this rank's tokens of every row as one row, causal
-  // within each sample (or row).
-  parallel::ContextShard text_shard;
+  // Context parallelism (text_shard.enabled(), VisionLanguageContext): this rank's tokens of every
+  // row as one row, causal within each sample (or row).
   parallel::ContextAttention text_attention;
   // Decoding: cached.cache set, the language layers read and extend it (so a context with a cache
   // is run once: a second run would append its tokens again).

@@ -6,6 +6,7 @@
 
 #include "loom/checkpoint/hf_export.h"
 #include "loom/dist/mappings.h"
+#include "loom/models/qwen2_vl/decoding.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -124,7 +125,7 @@ std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::context(
   return qwen2vl_context(inputs, config, visual->tp, model->tp, device_, cache);
 }
 
-std::shared_ptr<const Qwen2VLContext> Qwen2VLForConditionalGeneration::sharded_context(
+std::shared_ptr<const VisionLanguageContext> Qwen2VLForConditionalGeneration::sharded_context(
     const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const {
   return qwen2vl_context(inputs, config, visual->tp, model->tp, device_, nullptr, &cp);
 }
@@ -181,6 +182,23 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
     }
   }
   return 3.0 * flops;
+}
+
+at::Tensor Qwen2VLForConditionalGeneration::position_ids(const VisionLanguageInputs& inputs) const {
+  if (inputs.position_ids.defined()) return inputs.position_ids;
+  return rope_index(inputs.input_ids, inputs.image_grid_thw, inputs.attention_mask, config, inputs.cu_seqlens)
+      .position_ids;
+}
+
+std::unique_ptr<VisionLanguageDecoder> Qwen2VLForConditionalGeneration::decoder() const {
+  return std::make_unique<Qwen2VLDecoder>(*this);
+}
+
+std::vector<SpecialToken> Qwen2VLForConditionalGeneration::special_tokens() const {
+  return {{"image_token_id", config.tokens.image, "<|image_pad|>"},
+          {"video_token_id", config.tokens.video, "<|video_pad|>"},
+          {"vision_start_token_id", config.tokens.vision_start, "<|vision_start|>"},
+          {"vision_end_token_id", config.tokens.vision_end, "<|vision_end|>"}};
 }
 
 nlohmann::json Qwen2VLForConditionalGeneration::hf_config() const {

@@ -15,19 +15,12 @@
 #include "loom/models/qwen2_vl/language.h"
 #include "loom/models/qwen2_vl/layers.h"
 #include "loom/models/qwen2_vl/vision.h"
+#include "loom/models/vision_language.h"
 
 namespace loom::models {
 
-struct VisionLanguageInputs {
-  at::Tensor input_ids;       // (B, L) int64, image pads already expanded
-  at::Tensor attention_mask;  // (B, L) int64, 1 for real tokens; undefined = all real
-  at::Tensor pixel_values;    // (patches, C*T*P*P) or undefined when there are no images
-  at::Tensor image_grid_thw;  // (images, 3) int64
-  at::Tensor position_ids;    // (3, B, L); undefined = computed with rope_index
-  // Packed samples: input_ids is one row (B = 1) holding samples [cu[i], cu[i+1]); attention
-  // and position ids restart at every sample, as if each ran alone. Empty: one sample per row.
-  std::vector<int64_t> cu_seqlens;
-};
+// Qwen2-VL's VisionLanguageInputs: pixel_values (patches, C*T*P*P), image_grid_thw (gt, gh, gw) in
+// patches before merging, position_ids (3, B, L) M-RoPE ids.
 
 struct RopeIndex {
   at::Tensor position_ids;  // (3, B, L) int64
@@ -42,7 +35,7 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
                      const at::Tensor& attention_mask, const Qwen2VLConfig& config,
                      const std::vector<int64_t>& cu_seqlens = {});
 
-class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::Model {
+class Qwen2VLForConditionalGeneration : public torch::nn::Module, public VisionLanguageModel {
  public:
   // The vision tower is split over `vision_tp` when given, otherwise over options.tp like the LLM.
   Qwen2VLForConditionalGeneration(
@@ -55,24 +48,30 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public core::M
   // The context of a training pass: under context parallelism (`cp` enabled) each rank's layers see
   // its shard of the vision rows and of the text tokens, and the last layer's hidden states are
   // this rank's tokens (the context's text_shard.scatter gives their labels); otherwise context(inputs).
-  std::shared_ptr<const Qwen2VLContext> sharded_context(const VisionLanguageInputs& inputs,
-                                                        const parallel::ContextParallelGroup& cp) const;
+  std::shared_ptr<const VisionLanguageContext> sharded_context(
+      const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const override;
   // Vision embeddings after the merger: (patches/4, hidden); (0, hidden) without patches.
-  at::Tensor image_embeddings(const at::Tensor& pixel_values, const at::Tensor& image_grid_thw) const;
-  // Final hidden states (B, L, hidden) after the last norm: every layer, run directly.
-  at::Tensor hidden_states(const VisionLanguageInputs& inputs) const;
-  // LM head: (..., hidden) -> (..., vocab / tp), this rank's slice of the vocabulary (from
-  // vocab_start()); all of it at tp 1. whole_logits() gathers the slices.
-  at::Tensor logits(const at::Tensor& hidden) const;
-  at::Tensor whole_logits(const at::Tensor& hidden) const;
-  int64_t vocab_start() const { return model->embed_tokens->vocab_start(); }
-  // The LM head's weight (vocab / tp, hidden): lm_head's, or the embedding's when tied.
-  const at::Tensor& lm_head_weight() const { return lm_head ? lm_head->weight : model->embed_tokens->weight; }
-  const parallel::TensorParallelGroup& llm_tp() const { return model->tp; }
-  at::Tensor forward(const VisionLanguageInputs& inputs) const { return logits(hidden_states(inputs)); }
-
-  // Training FLOPs (forward + backward) for a batch with the given sequence lengths and image grids.
-  double training_flops(const std::vector<int64_t>& sequence_lengths, const at::Tensor& image_grid_thw) const;
+  at::Tensor image_embeddings(const at::Tensor& pixel_values,
+                              const at::Tensor& image_grid_thw) const override;
+  at::Tensor hidden_states(const VisionLanguageInputs& inputs) const override;
+  at::Tensor logits(const at::Tensor& hidden) const override;
+  at::Tensor whole_logits(const at::Tensor& hidden) const override;
+  int64_t vocab_start() const override { return model->embed_tokens->vocab_start(); }
+  const at::Tensor& lm_head_weight() const override {
+    return lm_head ? lm_head->weight : model->embed_tokens->weight;
+  }
+  const parallel::TensorParallelGroup& llm_tp() const override { return model->tp; }
+  // M-RoPE's (rope_index), unless the inputs give them.
+  at::Tensor position_ids(const VisionLanguageInputs& inputs) const override;
+  std::unique_ptr<VisionLanguageDecoder> decoder() const override;
+  double training_flops(const std::vector<int64_t>& sequence_lengths,
+                        const at::Tensor& image_grid_thw) const override;
+  // image, video, vision start and end tokens.
+  std::vector<SpecialToken> special_tokens() const override;
+  int64_t vocab_size() const override { return config.text.vocab_size; }
+  int64_t hidden_size() const override { return config.text.hidden_size; }
+  int64_t max_position_embeddings() const override { return config.text.max_position_embeddings; }
+  int64_t bos_token_id() const override { return config.tokens.bos; }
 
   // Moves the weights to `device`; the contexts made after it hold their tensors there.
   using torch::nn::Module::to;

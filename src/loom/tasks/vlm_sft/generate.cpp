@@ -5,9 +5,9 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <memory>
 #include <numeric>
 
-#include "loom/models/qwen2_vl/decoding.h"
 #include "loom/tasks/vlm_sft/job_data.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
@@ -94,7 +94,7 @@ models::VisionLanguageInputs left_padded(const data::Batch& batch, int64_t pad_i
   return in;
 }
 
-Generated generate(const models::Qwen2VLForConditionalGeneration& model, const data::Batch& prompts,
+Generated generate(const models::VisionLanguageModel& model, const data::Batch& prompts,
                    const GenerationTokens& tokens, const SamplingOptions& options,
                    const std::function<void(int64_t row, int64_t token)>& on_token) {
   check_sampling(options);
@@ -112,8 +112,8 @@ Generated generate(const models::Qwen2VLForConditionalGeneration& model, const d
   Generated out;
   out.tokens.resize(static_cast<size_t>(rows));
   out.finished.assign(static_cast<size_t>(rows), false);
-  models::Qwen2VLDecoder decoder(model);
-  at::Tensor logits = usable(decoder.prefill(left_padded(prompts, pad_id)));
+  const std::unique_ptr<models::VisionLanguageDecoder> decoder = model.decoder();
+  at::Tensor logits = usable(decoder->prefill(left_padded(prompts, pad_id)));
   for (int64_t step = 0; step < options.max_new_tokens; ++step) {
     const std::vector<int64_t> picked = pick_tokens(logits, options, step);
     bool all_done = true;
@@ -134,7 +134,7 @@ Generated generate(const models::Qwen2VLForConditionalGeneration& model, const d
       all_done = false;
     }
     if (all_done || step + 1 == options.max_new_tokens) break;
-    logits = usable(decoder.step(at::tensor(fed, at::kLong)));
+    logits = usable(decoder->step(at::tensor(fed, at::kLong)));
   }
   return out;
 }

@@ -10,7 +10,7 @@
 
 #include "loom/data/example.h"
 #include "loom/data/tokenizer/tokenizer.h"
-#include "loom/models/qwen2_vl/model.h"
+#include "loom/models/vision_language.h"
 
 namespace loom::tasks {
 
@@ -49,7 +49,7 @@ struct Generated {
 // here, padded with tokens.pad). on_token(row, token), when given, sees each chosen token as it is chosen,
 // stop tokens not. Every rank of a tensor-parallel group calls it with the same prompts and gets the same
 // answers.
-Generated generate(const models::Qwen2VLForConditionalGeneration& model, const data::Batch& prompts,
+Generated generate(const models::VisionLanguageModel& model, const data::Batch& prompts,
                    const GenerationTokens& tokens, const SamplingOptions& options,
                    const std::function<void(int64_t row, int64_t token)>& on_token = {});
 

@@ -8,9 +8,9 @@
 namespace loom::tasks {
 
 std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
-                                       const data::Qwen2VLImageOptions& image) {
-  if (data.dataset == "messages") return std::make_unique<MessagesData>(data, seed, image);
-  return std::make_unique<VqaData>(data, seed, image);
+                                       std::unique_ptr<data::ImageProcessor> processor) {
+  if (data.dataset == "messages") return std::make_unique<MessagesData>(data, seed, std::move(processor));
+  return std::make_unique<VqaData>(data, seed, std::move(processor));
 }
 
 int64_t padding_id(const data::Tokenizer& tokenizer) {
@@ -31,7 +31,8 @@ std::vector<int64_t> stop_ids(const data::Tokenizer& tokenizer) {
 }
 
 bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
-                   const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts) {
+                   const data::Tokenizer& tokenizer, const data::ImageBlock& block, const std::string& what,
+                   TrainSamples& counts) {
   const int64_t length = static_cast<int64_t>(example.input_ids.size());
   if (length <= data.max_seq_len) return true;
   if (data.overlong == "error")
@@ -41,8 +42,7 @@ bool fit_to_length(data::TokenizedExample& example, const config::DataSection& d
     ++counts.dropped;
     return false;
   }
-  data::truncate_example(example, data.max_seq_len, tokenizer.id("<|vision_start|>"),
-                         tokenizer.id("<|vision_end|>"));
+  data::truncate_example(example, data.max_seq_len, tokenizer.id(block.start), tokenizer.id(block.end));
   ++counts.truncated;
   return true;
 }

@@ -8,7 +8,7 @@
 
 #include "loom/config/config.h"
 #include "loom/data/example.h"
-#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/image/processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
 
 namespace loom::tasks {
@@ -28,8 +28,8 @@ class JobData {
   virtual void save_tokenizer(const std::string& dir) const = 0;
   // Whether that file is a tokenizer.json (not a SentencePiece model).
   virtual bool tokenizer_json() const = 0;
-  // The image processor settings the samples are made with.
-  virtual const data::Qwen2VLImageOptions& image_options() const = 0;
+  // The model's image processor, as the samples are made with it.
+  virtual const data::ImageProcessor& processor() const = 0;
   // The chat template (Jinja, as tokenizer_config.json carries it) that renders a conversation as
   // the samples are.
   virtual std::string chat_template() const = 0;
@@ -44,9 +44,9 @@ class JobData {
   virtual int64_t eval_samples() const = 0;
 };
 
-// What the job's data section asks for; `image` carries the model's patch geometry.
+// What the job's data section asks for, its images made by the model's `processor`.
 std::unique_ptr<JobData> make_job_data(const config::DataSection& data, uint64_t seed,
-                                       const data::Qwen2VLImageOptions& image);
+                                       std::unique_ptr<data::ImageProcessor> processor);
 
 // The id collated rows are padded with: <|endoftext|>, or <|im_end|> for a tokenizer without it.
 // Padding is masked out of attention and loss, so any id the model knows will do.
@@ -56,9 +56,10 @@ int64_t padding_id(const data::Tokenizer& tokenizer);
 std::vector<int64_t> stop_ids(const data::Tokenizer& tokenizer);
 
 // Applies data.max_seq_len to a training example as data.overlong says: false when the example is
-// dropped; truncates it in place (never inside an image) and counts it; DataError naming `what`
-// for overlong: error.
+// dropped; truncates it in place (never inside an image `block`) and counts it; DataError naming
+// `what` for overlong: error.
 bool fit_to_length(data::TokenizedExample& example, const config::DataSection& data,
-                   const data::Tokenizer& tokenizer, const std::string& what, TrainSamples& counts);
+                   const data::Tokenizer& tokenizer, const data::ImageBlock& block, const std::string& what,
+                   TrainSamples& counts);
 
 }  // namespace loom::tasks

@@ -58,16 +58,17 @@ constexpr size_t kWarnedSkips = 20;  // skipped samples named in the log; the re
 }  // namespace
 
 MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
-                           const data::Qwen2VLImageOptions& image)
+                           std::unique_ptr<data::ImageProcessor> processor)
     : section_(data),
       tokenizer_path_(data.tokenizer),
       tokenizer_(data::load_tokenizer(data.tokenizer)),
-      skips_(64, data::warn_once_per_sample(kWarnedSkips)) {
+      skips_(64, data::warn_once_per_sample(kWarnedSkips)),
+      processor_(std::move(processor)) {
+  processor_->set_pixel_bounds(data.min_pixels, data.max_pixels);
   data::ChatTemplateOptions options;
   options.train_on_prompt = data.train_on_prompt;
-  options.image = image;
-  options.image.min_pixels = data.min_pixels;
-  options.image.max_pixels = data.max_pixels;
+  options.default_system = processor_->default_system();
+  options.processor = processor_;
   template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
   options.generation_prompt = true;
   prompt_template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
@@ -114,7 +115,7 @@ void MessagesData::save_tokenizer(const std::string& dir) const {
 bool MessagesData::tokenizer_json() const { return fs::path(tokenizer_path_).extension() == ".json"; }
 
 std::string MessagesData::chat_template() const {
-  return qwen2vl_chat_template(template_->options().default_system);
+  return data::chatml_template_jinja(template_->options().default_system, processor_->block());
 }
 
 TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
@@ -127,7 +128,7 @@ TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
       continue;
     }
     data::TokenizedExample ex = to_example(*built, conversation);
-    if (fit_to_length(ex, section_, *tokenizer_,
+    if (fit_to_length(ex, section_, *tokenizer_, processor_->block(),
                       fmt::format("sample {} of {}", conversation.index, conversation.source), out))
       out.examples.push_back(std::move(ex));
   }

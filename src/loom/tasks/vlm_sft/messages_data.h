@@ -1,7 +1,7 @@
 // The user's conversation files as a job's data (dataset: messages): a weighted mix of JSON /
 // JSON-lines files read with the configured field names, tokenized with a HuggingFace or
-// SentencePiece tokenizer through Qwen2-VL's chat template, images decoded and processed by the
-// Qwen2-VL image processor. Unusable samples are skipped, counted and named in warnings.
+// SentencePiece tokenizer through the ChatML chat template, images decoded and processed by the
+// model's image processor. Unusable samples are skipped, counted and named in warnings.
 #pragma once
 #include <memory>
 #include <string>
@@ -20,14 +20,16 @@ class MessagesData : public JobData {
   // held-out sample that cannot be used (malformed, placeholders not matching its images, an image
   // missing or not decoding, a prompt over data.max_seq_len) is a DataError naming its file and
   // index. The evaluation takes the first data.eval_samples of them (all when they are fewer).
-  MessagesData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image);
+  // Images are processed by the model's `processor`, within data.min_pixels and data.max_pixels.
+  MessagesData(const config::DataSection& data, uint64_t seed,
+               std::unique_ptr<data::ImageProcessor> processor);
 
   const data::Tokenizer& tokenizer() const override { return *tokenizer_; }
   // Copies the tokenizer file into the directory under the name transformers reads: tokenizer.json,
   // or tokenizer.model for a SentencePiece model.
   void save_tokenizer(const std::string& dir) const override;
   bool tokenizer_json() const override;
-  const data::Qwen2VLImageOptions& image_options() const override { return template_->options().image; }
+  const data::ImageProcessor& processor() const override { return *processor_; }
   std::string chat_template() const override;
   // Skipped samples (missing or corrupt images) are left out and counted in `skipped`.
   TrainSamples train_examples(int64_t begin, int64_t end) const override;
@@ -53,6 +55,7 @@ class MessagesData : public JobData {
   std::unique_ptr<data::ConversationMix> train_;
   std::vector<data::Conversation> eval_;
   int64_t eval_samples_ = 0;
+  std::shared_ptr<data::ImageProcessor> processor_;
   std::unique_ptr<data::ChatTemplate> template_, prompt_template_;
   int64_t pad_id_ = 0;
 };

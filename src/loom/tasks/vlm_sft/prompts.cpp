@@ -20,7 +20,6 @@ namespace fs = std::filesystem;
 
 namespace {
 
-constexpr const char* kVisionBlock = "<|vision_start|><|image_pad|><|vision_end|>";
 constexpr const char* kSystemStart = "<|im_start|>system\n";
 
 nlohmann::json read_json(const fs::path& path) {
@@ -82,75 +81,39 @@ data::Image read_image(const std::string& path, const std::string& source) {
 }
 
 std::vector<data::VisionInput> processed_images(const std::vector<std::string>& paths,
-                                                const data::Qwen2VLImageOptions& options,
+                                                const data::ImageProcessor& processor,
                                                 const std::string& source) {
   std::vector<data::VisionInput> out;
-  for (const std::string& path : paths)
-    out.push_back(data::qwen2vl_process_image(read_image(path, source), options));
+  for (const std::string& path : paths) out.push_back(processor.process(read_image(path, source)));
   return out;
 }
 
 }  // namespace
 
-data::Qwen2VLImageOptions image_options_from_dir(const std::string& dir,
-                                                 const models::Qwen2VLConfig& config) {
-  data::Qwen2VLImageOptions options;
-  options.patch_size = config.vision.patch_size;
-  options.temporal_patch_size = config.vision.temporal_patch_size;
-  options.merge_size = config.vision.spatial_merge_size;
-  // preprocessor_config.json, or transformers 5's processor_config.json with the image processor's
-  // settings under "image_processor" (and its pixel bounds as size.shortest_edge / longest_edge).
-  fs::path path = fs::path(dir) / "preprocessor_config.json";
-  std::string within;
-  if (!fs::exists(path)) {
-    path = fs::path(dir) / "processor_config.json";
-    within = "image_processor";
-  }
-  if (!fs::exists(path)) return options;
-  const nlohmann::json file = read_json(path);
-  try {
-    const nlohmann::json& j = within.empty() ? file : file.at(within);
-    if (j.contains("min_pixels")) {
-      options.min_pixels = j["min_pixels"].get<int64_t>();
-    } else if (j.contains("size") && j["size"].contains("shortest_edge")) {
-      options.min_pixels = j["size"]["shortest_edge"].get<int64_t>();
-    }
-    if (j.contains("max_pixels")) {
-      options.max_pixels = j["max_pixels"].get<int64_t>();
-    } else if (j.contains("size") && j["size"].contains("longest_edge")) {
-      options.max_pixels = j["size"]["longest_edge"].get<int64_t>();
-    }
-    if (j.contains("image_mean"))
-      for (size_t c = 0; c < 3; ++c) options.mean[c] = j["image_mean"].at(c).get<float>();
-    if (j.contains("image_std"))
-      for (size_t c = 0; c < 3; ++c) options.std[c] = j["image_std"].at(c).get<float>();
-  } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: {}", path.string(), e.what()));
-  }
-  return options;
-}
-
-ChatPrompts::ChatPrompts(const std::string& dir, const models::Qwen2VLConfig& config)
-    : tokenizer_(data::load_tokenizer(tokenizer_file(dir))), image_(image_options_from_dir(dir, config)) {
+ChatPrompts::ChatPrompts(const std::string& dir, std::unique_ptr<data::ImageProcessor> processor)
+    : tokenizer_(data::load_tokenizer(tokenizer_file(dir))), processor_(std::move(processor)) {
+  const data::ImageBlock& block = processor_->block();
+  const std::string image_block = block.start + block.pad + block.end;
   const auto [text, file] = chat_template_of(dir);
   if (text.empty())
     throw DataError(
         fmt::format("{}: no chat template (chat_template.jinja, chat_template.json or "
                     "tokenizer_config.json's chat_template), so Loom cannot tell how its prompts are written",
                     dir));
-  if (text == vqa_chat_template()) {
+  if (text == data::vqa_template_jinja(block)) {
     format_ = PromptFormat::vqa;
     if (!dynamic_cast<const data::WordTokenizer*>(tokenizer_.get()))
       throw DataError(fmt::format("{}: the built-in VQA template needs a word-level tokenizer", file));
     return;
   }
   const size_t system = text.find(kSystemStart);
-  if (text.find("<|im_start|>") == std::string::npos || text.find(kVisionBlock) == std::string::npos ||
+  if (text.find("<|im_start|>") == std::string::npos || text.find(image_block) == std::string::npos ||
       system == std::string::npos)
     throw DataError(fmt::format(
-        "{}: the chat template is neither Qwen2-VL's ChatML (<|im_start|>, a default system message, {} "
-        "for an image) nor Loom's VQA template; Loom writes prompts in those two formats only",
-        file, kVisionBlock));
+        "{}: the chat template is neither ChatML with this model's image block (<|im_start|>, a default "
+        "system message, {} for an image) nor Loom's VQA template; Loom writes prompts in those two "
+        "formats only",
+        file, image_block));
   const size_t begin = system + std::string(kSystemStart).size();
   const size_t end = text.find("<|im_end|>", begin);
   if (end == std::string::npos)
@@ -159,7 +122,7 @@ ChatPrompts::ChatPrompts(const std::string& dir, const models::Qwen2VLConfig& co
   data::ChatTemplateOptions options;
   options.default_system = default_system_;
   options.generation_prompt = true;
-  options.image = image_;
+  options.processor = processor_;
   template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
 }
 
@@ -197,7 +160,7 @@ data::TokenizedExample ChatPrompts::prompt(std::vector<data::Message> messages,
     data::VqaSample sample;
     sample.image = read_image(images[0], source);
     sample.question = question;
-    return data::build_vqa_example(static_cast<const data::WordTokenizer&>(*tokenizer_), sample, image_,
+    return data::build_vqa_example(static_cast<const data::WordTokenizer&>(*tokenizer_), sample, *processor_,
                                    /*with_answer=*/false);
   }
   data::Conversation conversation;
@@ -205,7 +168,8 @@ data::TokenizedExample ChatPrompts::prompt(std::vector<data::Message> messages,
   conversation.messages.push_back({data::Role::assistant, ""});  // the answer to come: left out
   conversation.images = images;
   conversation.source = source;
-  data::ConversationExample built = template_->apply(conversation, processed_images(images, image_, source));
+  data::ConversationExample built =
+      template_->apply(conversation, processed_images(images, *processor_, source));
   data::TokenizedExample ex = built.to_tokenized_example();
   ex.question = conversation.messages[conversation.messages.size() - 2].content;
   return ex;

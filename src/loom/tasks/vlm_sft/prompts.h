@@ -1,5 +1,5 @@
 // What loom chat and loom generate read from a model directory to turn a chat into a prompt: its
-// tokenizer, its image processor settings and the prompt format its chat template names.
+// tokenizer, its image processor and the prompt format its chat template names.
 #pragma once
 #include <memory>
 #include <string>
@@ -7,30 +7,25 @@
 
 #include "loom/data/chat_template.h"
 #include "loom/data/example.h"
-#include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/image/processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
-#include "loom/models/qwen2_vl/config.h"
 
 namespace loom::tasks {
 
-// The image processor settings of preprocessor_config.json in `dir`, the model's patch geometry
-// and the processor's defaults where the file (or the file itself) is absent. DataError naming the
-// file when it is not valid JSON or a value has the wrong type.
-data::Qwen2VLImageOptions image_options_from_dir(const std::string& dir, const models::Qwen2VLConfig& config);
-
 enum class PromptFormat {
-  chatml,  // Qwen2-VL's ChatML (data::ChatTemplate), multi-turn, with a default system message
+  chatml,  // ChatML (data::ChatTemplate), multi-turn, with a default system message
   vqa,     // the built-in VQA sets' word-level form: one question about one image
 };
 
 class ChatPrompts {
  public:
-  // Reads the directory's tokenizer (tokenizer.json, else one SentencePiece .model),
-  // preprocessor_config.json and chat template (chat_template.json, else tokenizer_config.json's):
-  // Loom's VQA template gives PromptFormat::vqa; a template with Qwen2-VL's ChatML markers
-  // (<|im_start|>, <|vision_start|><|image_pad|><|vision_end|>) gives PromptFormat::chatml with the
-  // template's default system message. DataError naming the file otherwise.
-  ChatPrompts(const std::string& dir, const models::Qwen2VLConfig& config);
+  // Reads the directory's tokenizer (tokenizer.json, else one SentencePiece .model) and chat
+  // template (chat_template.jinja, chat_template.json, else tokenizer_config.json's), with the
+  // model's image `processor` (the directory's settings read into it): Loom's VQA template gives
+  // PromptFormat::vqa; a ChatML template (<|im_start|>, the processor's image block) gives
+  // PromptFormat::chatml with the template's default system message. DataError naming the file
+  // otherwise.
+  ChatPrompts(const std::string& dir, std::unique_ptr<data::ImageProcessor> processor);
 
   const data::Tokenizer& tokenizer() const { return *tokenizer_; }
   PromptFormat format() const { return format_; }
@@ -46,7 +41,7 @@ class ChatPrompts {
 
  private:
   std::unique_ptr<data::Tokenizer> tokenizer_;
-  data::Qwen2VLImageOptions image_;
+  std::shared_ptr<data::ImageProcessor> processor_;
   PromptFormat format_ = PromptFormat::chatml;
   std::string default_system_;
   std::unique_ptr<data::ChatTemplate> template_;  // chatml

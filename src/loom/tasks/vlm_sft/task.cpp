@@ -26,21 +26,16 @@ namespace loom::tasks {
 namespace {
 
 // Checks that the ids the model was configured with are the tokenizer's.
-void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& tokenizer) {
-  const std::pair<const char*, std::pair<int64_t, const char*>> ids[] = {
-      {"image_token_id", {model.tokens.image, "<|image_pad|>"}},
-      {"video_token_id", {model.tokens.video, "<|video_pad|>"}},
-      {"vision_start_token_id", {model.tokens.vision_start, "<|vision_start|>"}},
-      {"vision_end_token_id", {model.tokens.vision_end, "<|vision_end|>"}}};
-  for (const auto& [key, id_token] : ids) {
-    const int64_t expected = tokenizer.id(id_token.second);
-    if (id_token.first != expected)
-      throw ConfigError(fmt::format("model.hf_config.{}: {} is not the tokenizer's id of {} ({})", key,
-                                    id_token.first, id_token.second, expected));
+void check_token_ids(const models::VisionLanguageModel& model, const data::Tokenizer& tokenizer) {
+  for (const models::SpecialToken& token : model.special_tokens()) {
+    const int64_t expected = tokenizer.id(token.text);
+    if (token.id != expected)
+      throw ConfigError(fmt::format("model.hf_config.{}: {} is not the tokenizer's id of {} ({})", token.key,
+                                    token.id, token.text, expected));
   }
-  if (model.text.vocab_size < tokenizer.vocab_size())
+  if (model.vocab_size() < tokenizer.vocab_size())
     throw ConfigError(fmt::format("model.hf_config.vocab_size: {} is smaller than the tokenizer's {} tokens",
-                                  model.text.vocab_size, tokenizer.vocab_size()));
+                                  model.vocab_size(), tokenizer.vocab_size()));
 }
 
 // The cross entropy of the LM head's predictions from `predicting` (..., hidden) against `targets`
@@ -48,8 +43,8 @@ void check_token_ids(const models::Qwen2VLConfig& model, const data::Tokenizer& 
 // parallelism the LM head gives this rank's slice of the vocabulary and the loss is computed on the
 // slices; otherwise, with fused kernels, the head and the loss run chunk by chunk without the whole
 // logits.
-at::Tensor prediction_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
-                               const at::Tensor& predicting, const at::Tensor& host_targets) {
+at::Tensor prediction_loss_sum(const models::VisionLanguageModel& model, const at::Tensor& predicting,
+                               const at::Tensor& host_targets) {
   const at::Tensor targets = host_targets.to(predicting.device(), /*non_blocking=*/true);
   const int64_t width = predicting.size(-1);
   const auto& tp = model.llm_tp();
@@ -65,7 +60,7 @@ at::Tensor prediction_loss_sum(const models::Qwen2VLForConditionalGeneration& mo
 }
 
 // Each token predicts the next label of its row: hidden (B, L, hidden), labels (B, L).
-at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, const at::Tensor& hidden,
+at::Tensor token_loss_sum(const models::VisionLanguageModel& model, const at::Tensor& hidden,
                           const at::Tensor& labels) {
   const int64_t length = hidden.size(1);
   return prediction_loss_sum(model, hidden.narrow(1, 0, length - 1),
@@ -75,9 +70,8 @@ at::Tensor token_loss_sum(const models::Qwen2VLForConditionalGeneration& model, 
 // Under context parallelism: `hidden` (1, local tokens, hidden) is this rank's shard of the tokens,
 // and each predicts the label after it in its row, sharded alike (the last token of a row and the
 // padding predict nothing).
-at::Tensor sharded_token_loss_sum(const models::Qwen2VLForConditionalGeneration& model,
-                                  const at::Tensor& hidden, const at::Tensor& labels,
-                                  const parallel::ContextShard& shard) {
+at::Tensor sharded_token_loss_sum(const models::VisionLanguageModel& model, const at::Tensor& hidden,
+                                  const at::Tensor& labels, const parallel::ContextShard& shard) {
   const at::Tensor next = at::cat({labels.narrow(1, 1, labels.size(1) - 1),
                                    at::full({labels.size(0), 1}, data::kIgnoreIndex, labels.options())},
                                   1);
@@ -101,10 +95,10 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
   return in;
 }
 
-VlmSftTask::VlmSftTask(const config::JobConfig& job,
-                       std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
+VlmSftTask::VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::VisionLanguageModel> model,
                        const core::Layout& layout,
-                       std::map<int64_t, parallel::ContextParallelGroup> context_parallel)
+                       std::map<int64_t, parallel::ContextParallelGroup> context_parallel,
+                       std::unique_ptr<data::ImageProcessor> processor)
     : data_section_(job.data),
       init_from_(job.model.init_from),
       global_batch_(job.training.global_batch_size),
@@ -113,14 +107,9 @@ VlmSftTask::VlmSftTask(const config::JobConfig& job,
       context_parallel_(std::move(context_parallel)),
       model_(std::move(model)),
       layout_(layout) {
-  const auto& config = model_->config;
-  data::Qwen2VLImageOptions image;
-  image.patch_size = config.vision.patch_size;
-  image.temporal_patch_size = config.vision.temporal_patch_size;
-  image.merge_size = config.vision.spatial_merge_size;
-  data_ =
-      make_job_data(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data"), image);
-  check_token_ids(config, data_->tokenizer());
+  data_ = make_job_data(job.data, models::derive_seed(static_cast<uint64_t>(job.training.seed), "data"),
+                        std::move(processor));
+  check_token_ids(*model_, data_->tokenizer());
 }
 
 std::vector<data::TokenizedExample> VlmSftTask::step_samples(int64_t step, core::StepData* counts) const {
@@ -156,16 +145,16 @@ void VlmSftTask::save_artifacts(const std::string& dir) const {
   const auto write = [&dir](const std::string& name, const nlohmann::ordered_json& json) {
     checkpoint::write_text_file_durable(dir + "/" + name, json.dump(2) + "\n");
   };
-  write("preprocessor_config.json", preprocessor_config(data_->image_options()));
+  write("preprocessor_config.json", data_->processor().preprocessor_config());
   const std::string chat_template = data_->chat_template();
   write("tokenizer_config.json", tokenizer_config(data_->tokenizer(), data_->tokenizer_json(), chat_template,
-                                                  model_->config.text.max_position_embeddings));
+                                                  model_->max_position_embeddings()));
   write("chat_template.json", {{"chat_template", chat_template}});
   const std::filesystem::path given = std::filesystem::path(init_from_) / "generation_config.json";
   if (!init_from_.empty() && std::filesystem::is_regular_file(given))
     std::filesystem::copy_file(given, dir + "/generation_config.json");
   else
-    write("generation_config.json", generation_config(data_->tokenizer(), model_->config));
+    write("generation_config.json", generation_config(data_->tokenizer(), model_->bos_token_id()));
 }
 
 core::StepData VlmSftTask::step_data(int64_t step) const {
@@ -202,10 +191,7 @@ std::vector<std::pair<std::string, at::Tensor>> VlmSftTask::export_step(int64_t 
     tensors.emplace_back(key + "input_ids", b.input_ids);
     tensors.emplace_back(key + "labels", b.labels);
     tensors.emplace_back(key + "attention_mask", b.attention_mask);
-    tensors.emplace_back(
-        key + "position_ids",
-        models::rope_index(b.input_ids, b.image_grid_thw, b.attention_mask, model_->config, b.cu_seqlens)
-            .position_ids);
+    tensors.emplace_back(key + "position_ids", model_->position_ids(model_inputs(b)));
     if (b.pixel_values.defined() && b.pixel_values.numel() > 0) {
       tensors.emplace_back(key + "pixel_values", b.pixel_values);
       tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);

@@ -12,7 +12,7 @@
 #include "loom/core/layout.h"
 #include "loom/core/task.h"
 #include "loom/data/batching.h"
-#include "loom/models/qwen2_vl/model.h"
+#include "loom/models/vision_language.h"
 #include "loom/tasks/vlm_sft/job_data.h"
 
 namespace loom::tasks {
@@ -31,11 +31,13 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch);
 
 class VlmSftTask : public core::Task {
  public:
-  // Reads the job's data (ConfigError when the model's special token ids are not the tokenizer's)
-  // for `model`, shared out over layout.data; a training pass splits each sample's tokens over the
-  // group of `context_parallel` (parallel::context_parallel_degrees) at its step's degree.
-  VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::Qwen2VLForConditionalGeneration> model,
-             const core::Layout& layout, std::map<int64_t, parallel::ContextParallelGroup> context_parallel);
+  // Reads the job's data, its images made by the model's `processor` (ConfigError when the model's
+  // special token ids are not the tokenizer's), shared out over layout.data; a training pass splits
+  // each sample's tokens over the group of `context_parallel` (parallel::context_parallel_degrees) at
+  // its step's degree.
+  VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::VisionLanguageModel> model,
+             const core::Layout& layout, std::map<int64_t, parallel::ContextParallelGroup> context_parallel,
+             std::unique_ptr<data::ImageProcessor> processor);
 
   core::StepData step_data(int64_t step) const override;
   std::string loss_count_name() const override { return "target tokens"; }
@@ -48,8 +50,8 @@ class VlmSftTask : public core::Task {
   // the weights (hf_files.h); generation_config.json is init_from's when it has one.
   void save_artifacts(const std::string& dir) const override;
 
-  // input_ids, labels, attention_mask, M-RoPE position_ids, pixel_values and image_grid_thw (with
-  // images), cu_seqlens (packed).
+  // input_ids, labels, attention_mask, the model's position_ids, pixel_values and image_grid_thw
+  // (with images), cu_seqlens (packed).
   std::vector<std::pair<std::string, at::Tensor>> export_step(int64_t step) const override;
 
   // Step `step`'s micro-batches for one process holding the whole global batch.
@@ -70,7 +72,7 @@ class VlmSftTask : public core::Task {
   int64_t global_batch_ = 0, micro_batch_ = 0;
   int64_t dynamic_cp_tokens_ = 0;  // > 0: parallel.dynamic_cp
   std::map<int64_t, parallel::ContextParallelGroup> context_parallel_;
-  std::shared_ptr<models::Qwen2VLForConditionalGeneration> model_;
+  std::shared_ptr<models::VisionLanguageModel> model_;
   core::Layout layout_;  // the data-parallel group shares out the steps and the held-out set
   std::unique_ptr<JobData> data_;
 };

@@ -1,8 +1,8 @@
 #include "loom/tasks/vlm_sft/vqa_data.h"
 
+#include "loom/data/chat_template.h"
 #include "loom/data/fashion_vqa.h"
 #include "loom/data/synth/shapes_vqa.h"
-#include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
@@ -18,14 +18,15 @@ data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
 
 }  // namespace
 
-VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image)
-    : seed_(seed), image_options_(image), eval_samples_(data.eval_samples), section_(data) {
-  const int64_t factor = image.patch_size * image.merge_size;
+VqaData::VqaData(const config::DataSection& data, uint64_t seed,
+                 std::unique_ptr<data::ImageProcessor> processor)
+    : seed_(seed), processor_(std::move(processor)), eval_samples_(data.eval_samples), section_(data) {
+  const int64_t factor = processor_->size_multiple();
   if (factor <= 0 || data.image_size % factor != 0)
-    throw ConfigError(
-        fmt::format("data.image_size: {} is not a multiple of the model's patch_size x "
-                    "spatial_merge_size ({} x {})",
-                    data.image_size, image.patch_size, image.merge_size));
+    throw ConfigError(fmt::format(
+        "data.image_size: {} is not a multiple of {}, the side the model's image processor cuts images "
+        "into (its patch size times its merge size)",
+        data.image_size, factor));
   int64_t eval_size = 0;
   if (data.dataset == "shapes_vqa") {
     const data::ShapesVqa shapes(seed, data.image_size);
@@ -49,8 +50,7 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed, const data::Qwe
                                   eval_samples_, eval_size, data.dataset,
                                   data.dataset == "shapes_vqa" ? " (the cap on its generated split)" : ""));
   // Every image is processed at image_size x image_size: smaller ones are scaled up to it.
-  image_options_.min_pixels = data.image_size * data.image_size;
-  image_options_.max_pixels = data.image_size * data.image_size;
+  processor_->set_pixel_bounds(data.image_size * data.image_size, data.image_size * data.image_size);
 }
 
 // The streams of counter_start that key each epoch's order of a finite training split, which
@@ -82,7 +82,7 @@ data::VqaSample VqaData::sample(data::Split split, int64_t index) const {
 }
 
 data::TokenizedExample VqaData::example(data::Split split, int64_t index, bool with_answer) const {
-  auto ex = data::build_vqa_example(tokenizer_, sample(split, index), image_options_, with_answer);
+  auto ex = data::build_vqa_example(tokenizer_, sample(split, index), *processor_, with_answer);
   // Held-out samples are never cut or dropped: the evaluation set stays what it says it is.
   if (split == data::Split::eval && static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len) {
     throw DataError(fmt::format("held-out sample {} has {} tokens, more than data.max_seq_len {}", index,
@@ -96,7 +96,8 @@ TrainSamples VqaData::train_examples(int64_t begin, int64_t end) const {
   out.examples.reserve(std::max<int64_t>(end - begin, 0));
   for (int64_t i = begin; i < end; ++i) {
     data::TokenizedExample ex = example(data::Split::train, i, /*with_answer=*/true);
-    if (fit_to_length(ex, section_, tokenizer_, fmt::format("training sample {}", i), out))
+    if (fit_to_length(ex, section_, tokenizer_, processor_->block(), fmt::format("training sample {}", i),
+                      out))
       out.examples.push_back(std::move(ex));
   }
   return out;
@@ -104,7 +105,7 @@ TrainSamples VqaData::train_examples(int64_t begin, int64_t end) const {
 
 void VqaData::save_tokenizer(const std::string& dir) const { tokenizer_.save(dir + "/tokenizer.json"); }
 
-std::string VqaData::chat_template() const { return vqa_chat_template(); }
+std::string VqaData::chat_template() const { return data::vqa_template_jinja(processor_->block()); }
 
 data::Batch VqaData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;

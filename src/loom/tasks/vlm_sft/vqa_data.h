@@ -16,14 +16,14 @@ namespace loom::tasks {
 
 class VqaData : public JobData {
  public:
-  // `image` gives the model's patch geometry (patch, temporal patch and merge sizes); images are
-  // processed at data.image_size x data.image_size, which must be a multiple of patch x merge.
-  VqaData(const config::DataSection& data, uint64_t seed, const data::Qwen2VLImageOptions& image = {});
+  // Images are processed by the model's `processor` at data.image_size x data.image_size, which must
+  // be a multiple of the processor's size_multiple().
+  VqaData(const config::DataSection& data, uint64_t seed, std::unique_ptr<data::ImageProcessor> processor);
 
   const data::WordTokenizer& tokenizer() const override { return tokenizer_; }
   void save_tokenizer(const std::string& dir) const override;
   bool tokenizer_json() const override { return true; }
-  const data::Qwen2VLImageOptions& image_options() const override { return image_options_; }
+  const data::ImageProcessor& processor() const override { return *processor_; }
   std::string chat_template() const override;
   const std::vector<std::string>& question_types() const { return question_types_; }
 
@@ -45,7 +45,7 @@ class VqaData : public JobData {
   uint64_t seed_;
   std::vector<std::string> question_types_;
   data::WordTokenizer tokenizer_;
-  data::Qwen2VLImageOptions image_options_;
+  std::unique_ptr<data::ImageProcessor> processor_;
   int64_t eval_samples_;
   config::DataSection section_;
 };

@@ -1,0 +1,46 @@
+// A vision-language family's image processor, as the data path sees it: an image to the rows its
+// vision tower embeds and the block of tokens it takes in the text, with the files and the chat
+// template transformers reads beside the model. Each family's spec makes its own (models/registry.h).
+#pragma once
+#include <ATen/ATen.h>
+
+#include <array>
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "loom/data/image/image.h"
+
+namespace loom::data {
+
+struct VisionInput {
+  at::Tensor pixel_values;          // the rows the vision tower embeds, e.g. (24, 1176) float32
+  std::array<int64_t, 3> grid_thw;  // the grid those rows form, as the family reads it
+  int64_t tokens = 0;               // the image's feature tokens in the text (its block's pads)
+};
+
+// The tokens an image is written with in the text: `start`, `tokens` times `pad` (the positions its
+// features take), `end`.
+struct ImageBlock {
+  std::string start, pad, end;
+};
+
+class ImageProcessor {
+ public:
+  virtual ~ImageProcessor() = default;
+  // One decoded image; DataError when it cannot be processed.
+  virtual VisionInput process(const Image& image) const = 0;
+  virtual const ImageBlock& block() const = 0;
+  // Bounds on an image's pixel count (data.min_pixels, data.max_pixels): ConfigError when the family
+  // cannot honour them.
+  virtual void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) = 0;
+  // The multiple an image's sides must be for it to be processed at its own size (1: any size).
+  virtual int64_t size_multiple() const = 0;
+  // preprocessor_config.json, as the family's processor in transformers reads it.
+  virtual nlohmann::ordered_json preprocessor_config() const = 0;
+  // The system message a conversation without one is given ("" for none), as the family's chat
+  // template writes it.
+  virtual const std::string& default_system() const = 0;
+};
+
+}  // namespace loom::data
