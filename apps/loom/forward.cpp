@@ -195,7 +195,7 @@ int forward_vision_language(const models::NamedModel& named, const std::string& 
                                 std::chrono::seconds(job.parallel.heartbeat_timeout_s));
   const core::Layout layout = core::make_layout(job, std::move(world));
   models::BuildOptions options;
-  options.params.tp = {layout.tp, job.parallel.sequence_parallel};
+  options.params.tp = {layout.tp(), job.parallel.sequence_parallel};
   const auto model =
       std::dynamic_pointer_cast<models::VisionLanguageModel>(models::load_model(named, model_dir, options));
   const auto processor = models::make_processor(named.family->name, named.hf, named.source, model_dir);

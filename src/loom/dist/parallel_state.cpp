@@ -34,6 +34,16 @@ ParallelState::ParallelState(std::shared_ptr<Comm> world, GridSizes sizes)
   }
 }
 
+const std::shared_ptr<Comm>& ParallelState::axis(Axis axis, int64_t size) const {
+  static const std::shared_ptr<Comm> none;
+  return world_ && size > 1 ? group({axis}) : none;
+}
+
+const std::shared_ptr<Comm>& ParallelState::data() const {
+  static const std::shared_ptr<Comm> none;
+  return world_ ? group({Axis::dp, Axis::cp}) : none;
+}
+
 const std::shared_ptr<Comm>& ParallelState::group(const std::vector<Axis>& axes) const {
   const auto it = groups_.find(key(axes));
   if (it == groups_.end()) throw std::out_of_range("no process group over " + key(axes));

@@ -114,8 +114,8 @@ BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   // The context-parallel subgroups are formed once (each formation is a collective over the store):
   // the job's degree for the model, and with parallel.dynamic_cp every divisor of it for the task.
   ContextDegrees cp =
-      parallel::context_parallel_degrees(built.layout.cp, job.parallel.cp_ulysses, job.parallel.dynamic_cp);
-  built.model = models::build_job_model(job, named, built.layout, cp.at(built.layout.context_parallel));
+      parallel::context_parallel_degrees(built.layout.cp(), job.parallel.cp_ulysses, job.parallel.dynamic_cp);
+  built.model = models::build_job_model(job, named, built.layout, cp.at(built.layout.context_parallel()));
   models::convert_model(*built.model, job);
   built.task = entry.build(job, built.model, built.layout, std::move(cp));
   return built;

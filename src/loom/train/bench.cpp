@@ -31,7 +31,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
   BenchResult r;
   r.steps = steps;
   r.warmup = warmup;
-  r.ranks = parts_.layout.data_parallel;
+  r.ranks = plan_.state->sizes().dp;
   r.sgemm_gflops = peak_flops_ / 1e9;
   r.device = core::device_name(device);
   memory::CountingAllocator* counter = memory::CountingAllocator::installed();
@@ -82,7 +82,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
   r.tokens_per_s = tokens / r.total_s;
   r.samples_per_s = samples / r.total_s;
   r.mfu = mfu(flops, r.total_s);
-  if (const auto& pipeline = plan_.pipeline.comm) {
+  if (const auto& pipeline = plan_.state->pp()) {
     // Every rank's figures, in pipeline-rank order: each fills its own row of one sum.
     const int64_t ranks = pipeline->size();
     at::Tensor rows = at::zeros({ranks, 3}, at::kDouble);
@@ -95,7 +95,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
           {rows[i][0].item<double>(), rows[i][1].item<double>(), rows[i][2].item<int64_t>()});
     r.virtual_stages = job_.parallel.virtual_stages;
   }
-  if (const auto& cp = parts_.layout.cp) {
+  if (const auto& cp = plan_.state->cp()) {
     const parallel::RingStats ring = parallel::ring_stats();
     const double alone = parallel::time_ring_messages_alone();
     at::Tensor rows = at::zeros({cp->size(), 5}, at::kDouble);

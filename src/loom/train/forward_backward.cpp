@@ -62,10 +62,11 @@ ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
 ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
                                           const std::vector<core::Stage>& stages,
                                           const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
-                                          const PipelineRun& pipeline, double scale, GradientSync& sync) {
+                                          const dist::Comm& group, const PipelineRun& pipeline, double scale,
+                                          GradientSync& sync) {
   namespace pp = parallel::pipeline;
   using Kind = pp::Action::Kind;
-  const int64_t rank = pipeline.comm->rank(), ranks = pipeline.comm->size();
+  const int64_t rank = group.rank(), ranks = group.size();
   const pp::Shape shape{ranks, static_cast<int64_t>(stages.size()), static_cast<int64_t>(batches.size())};
   std::vector<pp::Action> order =
       pipeline.schedule == "gpipe" ? pp::gpipe_order(shape, rank) : pp::one_f_one_b_order(shape, rank);
@@ -204,6 +205,15 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
   r.sync_s += exchange.wait_sends();
   r.sync_s += sync.end_pass();
   return r;
+}
+
+ScheduleResult forward_backward(const ForwardStep& forward_step, const AppliedPlan& plan,
+                                const std::vector<std::shared_ptr<core::MicroBatch>>& batches, size_t passes,
+                                double scale) {
+  if (plan.pipelined())
+    return forward_backward_pipelined(forward_step, plan.stages, batches, *plan.state->pp(), plan.pipeline,
+                                      scale, *plan.gradients);
+  return forward_backward_no_pipelining(forward_step, plan.stages, batches, passes, scale, *plan.gradients);
 }
 
 }  // namespace loom::train

@@ -51,6 +51,13 @@ ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
 ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
                                           const std::vector<core::Stage>& stages,
                                           const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
-                                          const PipelineRun& pipeline, double scale, GradientSync& sync);
+                                          const dist::Comm& group, const PipelineRun& pipeline, double scale,
+                                          GradientSync& sync);
+
+// The step's micro-batches through the plan's stages by the schedule its layout runs: the pipeline's
+// under pipeline parallelism, otherwise `passes` passes without one (GradientSync::passes_and_total).
+ScheduleResult forward_backward(const ForwardStep& forward_step, const AppliedPlan& plan,
+                                const std::vector<std::shared_ptr<core::MicroBatch>>& batches, size_t passes,
+                                double scale);
 
 }  // namespace loom::train

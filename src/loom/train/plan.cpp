@@ -289,9 +289,45 @@ class LayoutGradients : public GradientSync {
 
 }  // namespace
 
+bool AppliedPlan::counts_samples(int64_t degree) const {
+  const auto& cp = state->cp();
+  return !cp || cp->rank() % (degree > 0 ? degree : cp->size()) == 0;
+}
+
+bool AppliedPlan::counts_step() const {
+  const auto& pp = state->pp();
+  return !pp || pp->rank() + 1 == pp->size();
+}
+
+std::vector<double> AppliedPlan::sum_over_ranks(std::vector<double> values) const {
+  const auto& data = state->data();
+  if (!data || values.empty()) return values;
+  auto t = at::tensor(values, at::kDouble);
+  data->all_reduce_sum({t});
+  // The last pipeline stage counts what a step's micro-batches gave; the others add zeros.
+  if (const auto& pp = state->pp()) pp->all_reduce_sum({t});
+  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+}
+
+std::vector<std::string> AppliedPlan::summary(double receive_wait_s, double grad_sync_s,
+                                              double step_s) const {
+  std::vector<std::string> lines;
+  if (pipeline.exchange)
+    lines.push_back(fmt::format(
+        "pipeline: {:.3f} s waited for the other stages in {:.1f} s of steps; {} header and gradient buffers "
+        "reused",
+        receive_wait_s, step_s, pipeline.exchange->buffers_reused()));
+  if (std::string line = gradients->summary(grad_sync_s, step_s); !line.empty())
+    lines.push_back(std::move(line));
+  return lines;
+}
+
 AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& model_params,
-                              const config::JobConfig& job, std::shared_ptr<dist::Comm> data,
-                              std::shared_ptr<dist::Comm> tp, std::shared_ptr<dist::Comm> pipeline) {
+                              const config::JobConfig& job,
+                              std::shared_ptr<const dist::ParallelState> state) {
+  const std::shared_ptr<dist::Comm>& data = state->data();
+  const std::shared_ptr<dist::Comm>& tp = state->tp();
+  const std::shared_ptr<dist::Comm>& pipeline = state->pp();
   const auto& p = job.parallel;
   const auto& t = job.training;
   const core::Layers layers = model.layers();
@@ -350,8 +386,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   }
 
   AppliedPlan plan;
-  plan.data_parallel = data ? data->size() : 1;
-  plan.tensor_parallel = tp_size;
+  plan.state = state;
   ModelStateBytes& bytes = plan.bytes;
   const std::map<std::string, parallel::ShardLayout>* tp_layouts = tp_size > 1 ? &sync->layouts : nullptr;
   AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
@@ -504,11 +539,9 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     plan.stages.push_back(std::move(stage));
   }
   if (!placement) return plan;
-  plan.pipeline = {pipeline,
-                   std::make_shared<parallel::pipeline::CarryExchange>(pipeline, p.pp * p.virtual_stages,
+  plan.pipeline = {std::make_shared<parallel::pipeline::CarryExchange>(pipeline, p.pp * p.virtual_stages,
                                                                        core::job_device(t)),
                    p.pipeline_schedule, job.features.recompute_in_bubbles};
-  plan.pipeline_parallel = pipeline->size();
   std::vector<std::string> held;
   for (const core::Stage& stage : plan.stages)
     held.push_back(fmt::format("{} to {}", stage.layers.front()->name(), stage.layers.back()->name()));

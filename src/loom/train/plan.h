@@ -18,6 +18,7 @@
 #include "loom/config/config.h"
 #include "loom/core/model.h"
 #include "loom/dist/comm.h"
+#include "loom/dist/parallel_state.h"
 #include "loom/train/optimizer.h"
 
 namespace loom::parallel::pipeline {
@@ -79,15 +80,16 @@ class Optimizer {
   virtual void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) = 0;
 };
 
-// The pipeline a rank's stages belong to (no comm: one stage holds every layer).
+// How a rank's stages run as part of a pipeline (the parallel state's pp group: rank r holds global
+// stages r, r + pp, ...; no exchange: one stage holds every layer).
 struct PipelineRun {
-  std::shared_ptr<dist::Comm> comm;  // the pipeline group: rank r holds global stages r, r + pp, ...
-  std::shared_ptr<parallel::pipeline::CarryExchange> exchange;  // over comm, kept from step to step
+  std::shared_ptr<parallel::pipeline::CarryExchange> exchange;  // over the pp group, kept from step to step
   std::string schedule = "1f1b";      // 1f1b (interleaved with virtual stages) | gpipe
   bool recompute_in_bubbles = false;  // features.recompute_in_bubbles
 };
 
 struct AppliedPlan {
+  std::shared_ptr<const dist::ParallelState> state;  // the parallel state it was applied over
   // The model's layers this rank runs, with their runners: one stage, or under pipeline parallelism
   // one per virtual stage in chunk order.
   std::vector<core::Stage> stages;
@@ -95,16 +97,27 @@ struct AppliedPlan {
   std::unique_ptr<GradientSync> gradients;
   std::unique_ptr<Optimizer> optimizer;
   ModelStateBytes bytes;  // this rank's, between steps
-  int64_t data_parallel = 1, tensor_parallel = 1, pipeline_parallel = 1;
+
+  bool pipelined() const { return state->pp() != nullptr; }
+  // Whether this rank counts a step's samples, tokens and loss count when they are split over
+  // `degree` ranks of its cp group (0: the job's cp): the first of those ranks.
+  bool counts_samples(int64_t degree) const;
+  // Whether this rank counts what the whole step read (truncated, dropped, skipped samples): every
+  // stage of a pipeline read it, the last one counts it.
+  bool counts_step() const;
+  // `values` summed over the data-parallel ranks and the stages of the pipeline (a collective).
+  std::vector<double> sum_over_ranks(std::vector<double> values) const;
+  // Log lines for the run's summary of the communication this layout made in `step_s` seconds of
+  // steps: `receive_wait_s` waited for other stages' activations, `grad_sync_s` for gradient sums.
+  std::vector<std::string> summary(double receive_wait_s, double grad_sync_s, double step_s) const;
 };
 
-// Applies the job's parallel section to `model`, whose parameters named `trainable` train:
-// `data` is the group gradients are summed over (data x context parallel; null for one process),
-// `tp` the tensor-parallel group the model was built over (null: tp 1), `pipeline` the pipeline
-// group (null: pp 1; then this rank holds, trains and steps only its stages' parameters).
+// Applies the job's parallel section to `model`, whose parameters named `trainable` train, over
+// the job's parallel state: gradients are summed over its data group (data x context parallel; none
+// for one process); tp is the group the model was built over; under pipeline parallelism this rank
+// holds, trains and steps only its stages' parameters.
 AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>& trainable,
-                              const config::JobConfig& job, std::shared_ptr<dist::Comm> data,
-                              std::shared_ptr<dist::Comm> tp, std::shared_ptr<dist::Comm> pipeline = nullptr);
+                              const config::JobConfig& job, std::shared_ptr<const dist::ParallelState> state);
 
 // Every parameter whole for as long as it lives.
 class WholeParameters {

@@ -12,7 +12,6 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/checkpoint/trainer_state.h"
 #include "loom/models/weights.h"
-#include "loom/parallel/pipeline/exchange.h"
 #include "loom/tasks/registry.h"
 #include "loom/train/flops.h"
 #include "loom/train/forward_backward.h"
@@ -41,7 +40,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
 
 Trainer::Trainer(config::JobConfig job, JobParts parts) : job_(std::move(job)), parts_(std::move(parts)) {
   const auto& t = job_.training;
-  accumulation_ = t.global_batch_size / (t.micro_batch_size * parts_.layout.data_parallel);
+  accumulation_ = t.global_batch_size / (t.micro_batch_size * parts_.layout.data_parallel());
   // The model comes converted (models/converters.h): what still requires a gradient trains.
   core::Model& model = *parts_.model;
   std::vector<NamedParam> params;
@@ -51,8 +50,7 @@ Trainer::Trainer(config::JobConfig job, JobParts parts) : job_(std::move(job)), 
       trainable_.push_back(param);
     }
   if (params.empty()) throw ConfigError("model.freeze: every parameter is frozen; nothing would train");
-  plan_ =
-      apply_parallelism(model, params, job_, parts_.layout.data, parts_.layout.tp, parts_.layout.pipeline);
+  plan_ = apply_parallelism(model, params, job_, parts_.layout.parallel);
 }
 
 Trainer::~Trainer() = default;
@@ -124,7 +122,7 @@ void Trainer::save_checkpoint() {
             "stays the last good state)",
             step_, tensors == &weights ? "parameter" : "optimizer state", name));
   if (!parts_.layout.is_main()) {  // rank 0 saves; the others wait so no rank runs ahead of a checkpoint
-    parts_.layout.world->barrier();
+    parts_.layout.world()->barrier();
     return;
   }
   const auto& t = job_.training;
@@ -147,22 +145,11 @@ void Trainer::save_checkpoint() {
   last_saved_ = staged.final_path();
   checkpoint::prune_checkpoints(t.output_dir, t.keep_last);
   spdlog::info("saved checkpoint {}", staged.final_path());
-  if (parts_.layout.world) parts_.layout.world->barrier();
-}
-
-std::vector<double> Trainer::sum_over_ranks(std::vector<double> values) const {
-  if (!parts_.layout.data || values.empty()) return values;
-  auto t = at::tensor(values, at::kDouble);
-  parts_.layout.data->all_reduce_sum({t});
-  // The last pipeline stage counts what a step's micro-batches gave; the others add zeros.
-  if (parts_.layout.pipeline) parts_.layout.pipeline->all_reduce_sum({t});
-  return {t.data_ptr<double>(), t.data_ptr<double>() + t.numel()};
+  if (parts_.layout.world()) parts_.layout.world()->barrier();
 }
 
 double Trainer::mfu(double flops, double seconds) const {
-  return flops / seconds /
-         (peak_flops_ *
-          static_cast<double>(plan_.data_parallel * plan_.tensor_parallel * plan_.pipeline_parallel));
+  return flops / seconds / (peak_flops_ * static_cast<double>(plan_.state->world_size()));
 }
 
 Trainer::StepStats Trainer::train_step(const core::StepData& step) {
@@ -171,7 +158,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   // known before the first backward, so the gradient does not depend on how the batch is split
   // into micro-batches or over data-parallel ranks.
   // The ranks of a cp group hold parts of the same samples: one of them counts them.
-  const double samples_counted = parts_.layout.counts_data(step.context_parallel) ? 1.0 : 0.0;
+  const double samples_counted = plan_.counts_samples(step.context_parallel) ? 1.0 : 0.0;
   const auto [passes, count] =
       sync.passes_and_total(step.micro_batches.size(), samples_counted * step.loss_count);
   if (count == 0)
@@ -182,11 +169,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
                                            core::Carry input) {
     return task.forward(batch, stage, std::move(input));
   };
-  const ScheduleResult r = plan_.pipeline.comm
-                               ? forward_backward_pipelined(forward_step, plan_.stages, step.micro_batches,
-                                                            plan_.pipeline, scale, sync)
-                               : forward_backward_no_pipelining(forward_step, plan_.stages,
-                                                                step.micro_batches, passes, scale, sync);
+  const ScheduleResult r = forward_backward(forward_step, plan_, step.micro_batches, passes, scale);
   StepStats stats;
   stats.forward_s = r.forward_s;
   stats.backward_s = r.backward_s;
@@ -194,10 +177,8 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   stats.receive_wait_s = r.receive_wait_s;
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
-  // Under pipeline parallelism every stage read the step: the last one counts its samples.
-  const auto& pipeline = parts_.layout.pipeline;
-  const double counted = !pipeline || pipeline->rank() + 1 == pipeline->size() ? 1.0 : 0.0;
-  const auto totals = sum_over_ranks(
+  const double counted = plan_.counts_step() ? 1.0 : 0.0;
+  const auto totals = plan_.sum_over_ranks(
       {r.loss_sum, samples_counted * static_cast<double>(r.tokens),
        samples_counted * static_cast<double>(r.samples), samples_counted * r.flops,
        counted * static_cast<double>(step.truncated), counted * static_cast<double>(step.dropped),
@@ -249,7 +230,7 @@ std::optional<checkpoint::RunDirectoryLock> Trainer::lock_output_dir() const {
     }
   }
   // Every rank learns rank 0's outcome, so a refused run ends on every rank with the same line.
-  if (parts_.layout.world) refusal = parts_.layout.world->all_gather(refusal).front();
+  if (parts_.layout.world()) refusal = parts_.layout.world()->all_gather(refusal).front();
   if (!refusal.empty()) throw ConfigError(refusal);
   return lock;
 }
@@ -283,7 +264,7 @@ std::optional<core::Evaluation> Trainer::train() {
       "training {} parameters ({} trainable) for {} steps, global batch {} = {} data-parallel ranks x {} "
       "x {} micro-batches",
       models::parameter_count(parts_.model->module()), models::parameter_count(parts_.model->module(), true),
-      t.steps, t.global_batch_size, parts_.layout.data_parallel, accumulation_, t.micro_batch_size);
+      t.steps, t.global_batch_size, parts_.layout.data_parallel(), accumulation_, t.micro_batch_size);
 
   // One loader item is one step's micro-batches on this rank, so the data position is the step.
   const core::Task& task = *parts_.task;
@@ -296,7 +277,7 @@ std::optional<core::Evaluation> Trainer::train() {
   // Time the steps spent waiting for the loader, over all their time (this run's steps).
   double total_data_wait = 0, total_step_time = 0;
   double total_grad_sync = 0;                            // waiting for gradient communication after backward
-  double total_pipeline_wait = 0;                        // waiting for the other pipeline stages
+  double total_receive_wait = 0;                         // waiting for other ranks' activations
   int64_t overlong_truncated = 0, overlong_dropped = 0;  // this run's over-long training samples
   int64_t skipped = 0;                                   // and its unusable ones
   auto log_loader_share = [&] {
@@ -305,13 +286,7 @@ std::optional<core::Evaluation> Trainer::train() {
         "over-long samples: {} truncated, {} dropped; unusable samples skipped: {}",
         100.0 * total_data_wait / std::max(total_step_time, 1e-9), total_data_wait, total_step_time,
         overlong_truncated, overlong_dropped, skipped);
-    if (plan_.pipeline.exchange)
-      spdlog::info(
-          "pipeline: {:.3f} s waited for the other stages in {:.1f} s of steps; {} header and gradient "
-          "buffers "
-          "reused",
-          total_pipeline_wait, total_step_time, plan_.pipeline.exchange->buffers_reused());
-    if (const std::string line = plan_.gradients->summary(total_grad_sync, total_step_time); !line.empty())
+    for (const std::string& line : plan_.summary(total_receive_wait, total_grad_sync, total_step_time))
       spdlog::info("{}", line);
   };
   while (step_ < t.steps) {
@@ -345,7 +320,7 @@ std::optional<core::Evaluation> Trainer::train() {
     total_data_wait += data_wait;
     total_step_time += seconds;
     total_grad_sync += stats.grad_sync_s;
-    total_pipeline_wait += stats.receive_wait_s;
+    total_receive_wait += stats.receive_wait_s;
     const double tokens_per_s = stats.tokens / seconds, samples_per_s = stats.samples / seconds;
     const double step_mfu = mfu(stats.flops, seconds);
     if (metrics) {
@@ -390,8 +365,8 @@ std::optional<core::Evaluation> Trainer::train() {
 }
 
 core::Evaluation Trainer::evaluate() {
-  // FSDP: ranks evaluate different batches for different numbers of steps, so the weights are
-  // made whole once rather than gathered per layer (inference holds no gradients or optimizer state).
+  // Ranks may evaluate different batches for different numbers of steps, so sharded weights are made
+  // whole once rather than gathered per layer (inference holds no gradients or optimizer state).
   WholeParameters whole(*plan_.gradients);
   return parts_.task->evaluate(in_training_ ? step_ : -1);
 }

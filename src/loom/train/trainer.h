@@ -119,7 +119,6 @@ class Trainer {
   std::optional<checkpoint::RunDirectoryLock> lock_output_dir() const;
   void log_eval(const core::Evaluation& result, MetricsLog* metrics);  // metrics line and console
   // Element-wise sums over the data-parallel ranks (the values themselves for one process).
-  std::vector<double> sum_over_ranks(std::vector<double> values) const;
   double mfu(double flops, double seconds) const;
 
   config::JobConfig job_;

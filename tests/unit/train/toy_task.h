@@ -106,7 +106,7 @@ class ToyRegression : public core::Task {
 
   // This rank's equal, contiguous share of the step's samples, in micro-batches.
   core::StepData step_data(int64_t step) const override {
-    const int64_t share = global_ / layout_.data_parallel;
+    const int64_t share = global_ / layout_.data_parallel();
     const int64_t begin = step * global_ + layout_.data_rank() * share;
     core::StepData out;
     for (int64_t m = begin; m < begin + share; m += micro_) {

@@ -163,7 +163,7 @@ int64_t FlowMatchingTask::eval_frames(int64_t index) const {
 
 core::StepData FlowMatchingTask::step_data(int64_t step) const {
   const auto& t = job_.training;
-  const int64_t share = t.global_batch_size / layout_.data_parallel;
+  const int64_t share = t.global_batch_size / layout_.data_parallel();
   const int64_t begin = step * t.global_batch_size + layout_.data_shard() * share;
   core::StepData out;
   for (const auto& indices : same_shape_batches(begin, begin + share, t.micro_batch_size,
@@ -177,7 +177,7 @@ core::StepData FlowMatchingTask::step_data(int64_t step) const {
 }
 
 std::vector<std::pair<std::string, at::Tensor>> FlowMatchingTask::export_step(int64_t step) const {
-  if (layout_.data_parallel != 1)
+  if (layout_.data_parallel() != 1)
     throw ConfigError("data export: exports the whole step from one process (parallel.dp 1)");
   std::vector<std::pair<std::string, at::Tensor>> tensors;
   const core::StepData data = step_data(step);
@@ -253,7 +253,7 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
   at::NoGradGuard no_grad;
   const int64_t samples =
       features_ ? std::min(job_.data.eval_samples, features_->eval_size()) : clips_->eval_samples();
-  const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
+  const int64_t ranks = layout_.data() ? layout_.data()->size() : 1, rank = layout_.data_rank();
   core::Stage whole;
   whole.layers = model_->layers();
   at::Tensor sums = at::zeros({2}, at::kDouble);  // squared error, latent elements
@@ -287,7 +287,7 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
     sums[0] += error.item<double>();
     sums[1] += static_cast<double>(x0.numel());
   }
-  if (layout_.data) layout_.data->all_reduce_sum({sums});
+  if (layout_.data()) layout_.data()->all_reduce_sum({sums});
   core::Evaluation e;
   e.samples = samples;
   if (samples > 0) {

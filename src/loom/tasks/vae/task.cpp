@@ -64,7 +64,7 @@ std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& in
 
 core::StepData VaeTask::step_data(int64_t step) const {
   const auto& t = job_.training;
-  const int64_t share = t.global_batch_size / layout_.data_parallel;
+  const int64_t share = t.global_batch_size / layout_.data_parallel();
   const int64_t begin = step * t.global_batch_size + layout_.data_shard() * share;
   core::StepData out;
   for (const auto& indices : same_shape_batches(begin, begin + share, t.micro_batch_size,
@@ -122,7 +122,7 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     e.report = e.summary + "\n";
     return e;
   }
-  const int64_t ranks = layout_.data ? layout_.data->size() : 1, rank = layout_.data_rank();
+  const int64_t ranks = layout_.data() ? layout_.data()->size() : 1, rank = layout_.data_rank();
   // Sums of the squared error, the KL, the pixels and the training loss's reconstruction error, over
   // this rank's batches.
   at::Tensor sums = at::zeros({4}, at::kDouble);
@@ -144,7 +144,7 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     sums[2] += static_cast<double>(context.video.numel());
     sums[3] += job_.training.reconstruction_loss == "l1" ? error.abs().sum().item<double>() : squared;
   }
-  if (layout_.data) layout_.data->all_reduce_sum({sums});
+  if (layout_.data()) layout_.data()->all_reduce_sum({sums});
   const double pixels = sums[2].item<double>(), mse = sums[0].item<double>() / pixels;
   const double loss = (sums[3].item<double>() + job_.training.kl_weight * sums[1].item<double>()) / pixels;
   // PSNR on [0, 1] pixels: the error on [-1, 1] is twice as large, its square four times.

@@ -267,8 +267,8 @@ std::string write_eval_clips(const std::string& output_dir, int64_t step, int64_
   const std::string dir = (std::filesystem::path(output_dir) / "samples" /
                            (step >= 0 ? checkpoint::checkpoint_name(step) : std::string("eval")))
                               .string();
-  const int64_t ranks = layout.data ? layout.data->size() : 1, rank = layout.data_rank();
-  const bool writer = !layout.tp || layout.tp->rank() == 0;
+  const int64_t ranks = layout.data() ? layout.data()->size() : 1, rank = layout.data_rank();
+  const bool writer = !layout.tp() || layout.tp()->rank() == 0;
   nlohmann::json index = nlohmann::json::array();
   for (int64_t i = 0; i < count; ++i) {
     const std::string name = fmt::format("sample-{:03d}", i);

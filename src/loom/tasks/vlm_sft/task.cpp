@@ -129,8 +129,8 @@ std::vector<data::TokenizedExample> VlmSftTask::step_samples(int64_t step, core:
 int64_t VlmSftTask::dynamic_degree(int64_t step, const std::vector<data::TokenizedExample>& samples) const {
   std::vector<int64_t> lengths;
   for (const data::TokenizedExample& sample : samples) lengths.push_back(data::cost_of(sample).tokens);
-  const int64_t cp = layout_.context_parallel;
-  const int64_t degree = data::context_degree(lengths, layout_.data_parallel, cp, dynamic_cp_tokens_);
+  const int64_t cp = layout_.context_parallel();
+  const int64_t degree = data::context_degree(lengths, layout_.data_parallel(), cp, dynamic_cp_tokens_);
   if (degree > 0) return degree;
   const auto longest = std::max_element(lengths.begin(), lengths.end());
   throw DataError(
@@ -208,7 +208,7 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
   core::ForwardResult out;
   const auto context = model_->sharded_context(
       model_inputs(batch),
-      context_parallel_.at(vlm.context_parallel > 0 ? vlm.context_parallel : layout_.context_parallel));
+      context_parallel_.at(vlm.context_parallel > 0 ? vlm.context_parallel : layout_.context_parallel()));
   core::Carry carry = stage.forward(std::move(input), context);
   if (stage.last && context->text_shard.enabled())
     out.loss_sum = sharded_token_loss_sum(*model_, carry.get("hidden"), batch.labels, context->text_shard);
@@ -226,7 +226,7 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
 std::map<std::string, std::pair<double, int64_t>> VlmSftTask::held_out_loss() const {
   constexpr int64_t kBatch = 100;
   std::map<std::string, std::pair<double, int64_t>> sums;
-  const auto& data_comm = layout_.data;
+  const auto& data_comm = layout_.data();
   const int64_t ranks = data_comm ? data_comm->size() : 1, rank = layout_.data_rank();
   for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
     if (index % ranks != rank) continue;
@@ -270,7 +270,7 @@ core::Evaluation VlmSftTask::evaluate(int64_t) {
     bool correct;
   };
   std::vector<Scored> scored;
-  const auto& data_comm = layout_.data;
+  const auto& data_comm = layout_.data();
   const int64_t ranks = data_comm ? data_comm->size() : 1, rank = layout_.data_rank();
   for (int64_t begin = 0, index = 0; begin < data_->eval_samples(); begin += kBatch, ++index) {
     if (index % ranks != rank) continue;

@@ -32,7 +32,7 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch);
 class VlmSftTask : public core::Task {
  public:
   // Reads the job's data, its images made by the model's `processor` (ConfigError when the model's
-  // special token ids are not the tokenizer's), shared out over layout.data; a training pass splits
+  // special token ids are not the tokenizer's), shared out over layout.data(); a training pass splits
   // each sample's tokens over the group of `context_parallel` (parallel::context_parallel_degrees) at
   // its step's degree.
   VlmSftTask(const config::JobConfig& job, std::shared_ptr<models::VisionLanguageModel> model,
