@@ -366,7 +366,7 @@ void check_rules(const SectionReader& r, const ModelSection& m) {
 
 void check_rules(const SectionReader& r, const DataSection& d) {
   using S = DataSection;
-  if (d.max_pixels < d.min_pixels)
+  if (d.max_pixels > 0 && d.max_pixels < d.min_pixels)
     r.fail(&S::max_pixels, fmt::format("must be >= {} ({}), got {}", key::name_of(&S::min_pixels),
                                        d.min_pixels, d.max_pixels));
   if (!d.dir.empty() && d.dataset == "shapes_vqa")

@@ -118,9 +118,10 @@ struct DataSection {
   // messages and videos:
   std::vector<DatasetFile> datasets, eval_datasets;  // training mix; held-out files (may be empty)
   // messages only:
-  std::string tokenizer;                                      // HF tokenizer.json or SentencePiece .model
-  bool train_on_prompt = false;                               // labels on the prompt too, not only replies
-  int64_t min_pixels = 56 * 56, max_pixels = 28 * 28 * 1280;  // the image processor's pixel bounds
+  std::string tokenizer;         // HF tokenizer.json or SentencePiece .model
+  bool train_on_prompt = false;  // labels on the prompt too, not only replies
+  // The image processor's pixel bounds; 0: the model's image processor's own.
+  int64_t min_pixels = 0, max_pixels = 0;
   // shapes_vqa and fashion_mnist only:
   std::string dir;          // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;  // positive multiple of 28
@@ -161,8 +162,8 @@ struct DataSection {
       required("a list of {path: FILE} conversation or video files to train on"));
     k("eval_datasets", &S::eval_datasets, ReadBy::files);
     k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
-    k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(1));
-    k("max_pixels", &S::max_pixels, ReadBy::messages,
+    k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(0));
+    k("max_pixels", &S::max_pixels, ReadBy::messages, at_least(0),
       at_most(int64_t{89'478'485}));  // decode's kMaxImagePixels
     k("dir", &S::dir, ReadBy::built_in);
     k("image_size", &S::image_size, ReadBy::built_in_images, at_most(int64_t{4032}));

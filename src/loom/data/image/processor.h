@@ -31,9 +31,12 @@ class ImageProcessor {
   // One decoded image; DataError when it cannot be processed.
   virtual VisionInput process(const Image& image) const = 0;
   virtual const ImageBlock& block() const = 0;
-  // Bounds on an image's pixel count (data.min_pixels, data.max_pixels): ConfigError when the family
-  // cannot honour them.
+  // Bounds on an image's pixel count (data.min_pixels, data.max_pixels; 0 keeps the processor's
+  // own): ConfigError when the family's processor has no such bounds.
   virtual void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) = 0;
+  // The built-in sets' images are side x side squares: each is processed whole, as one unit of the
+  // vision tower (ConfigError when `side` is not a multiple of size_multiple()).
+  virtual void set_square_images(int64_t side) = 0;
   // The multiple an image's sides must be for it to be processed at its own size (1: any size).
   virtual int64_t size_multiple() const = 0;
   // preprocessor_config.json, as the family's processor in transformers reads it.

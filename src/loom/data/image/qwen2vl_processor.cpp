@@ -154,8 +154,21 @@ const ImageBlock& Qwen2VLImageProcessor::block() const {
 }
 
 void Qwen2VLImageProcessor::set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) {
-  options_.min_pixels = min_pixels;
-  options_.max_pixels = max_pixels;
+  if (min_pixels > 0) options_.min_pixels = min_pixels;
+  if (max_pixels > 0) options_.max_pixels = max_pixels;
+  if (options_.max_pixels < options_.min_pixels)
+    throw ConfigError(fmt::format("data.max_pixels: {} is less than the image processor's min_pixels {}",
+                                  options_.max_pixels, options_.min_pixels));
+}
+
+void Qwen2VLImageProcessor::set_square_images(int64_t side) {
+  const int64_t multiple = size_multiple();
+  if (side < 1 || side % multiple != 0)
+    throw ConfigError(fmt::format(
+        "data.image_size: {} is not a multiple of {}, the side the model's image processor cuts images "
+        "into (its patch size times its merge size)",
+        side, multiple));
+  options_.min_pixels = options_.max_pixels = side * side;
 }
 
 nlohmann::ordered_json Qwen2VLImageProcessor::preprocessor_config() const {

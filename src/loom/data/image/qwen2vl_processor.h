@@ -58,6 +58,8 @@ class Qwen2VLImageProcessor : public ImageProcessor {
   VisionInput process(const Image& image) const override { return qwen2vl_process_image(image, options_); }
   const ImageBlock& block() const override;
   void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
+  // At side x side: min_pixels = max_pixels = side^2.
+  void set_square_images(int64_t side) override;
   int64_t size_multiple() const override { return options_.patch_size * options_.merge_size; }
   // Its settings, with both the older (min_pixels, max_pixels) and the newer (shortest_edge,
   // longest_edge) forms of its size.

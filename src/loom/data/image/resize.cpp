@@ -122,10 +122,14 @@ Image resize_bicubic(const Image& image, int out_height, int out_width) {
     throw DataError("resize_bicubic: output size " + std::to_string(out_height) + "x" +
                     std::to_string(out_width) + " must be at least 1x1");
   }
-  // Rows first, then columns, as Pillow does (the order changes the rounding of the result).
+  // The passes run in Pillow 13's order, which changes the rounding of the result: columns first when
+  // the height shrinks by more than twice as many pixels as the width does, rows first otherwise.
+  const bool columns_first =
+      image.height > out_height && image.height - out_height > 2 * (image.width - out_width);
   Image result = image;
-  if (out_width != image.width) result = resample_rows(result, out_width);
+  if (!columns_first && out_width != image.width) result = resample_rows(result, out_width);
   if (out_height != image.height) result = resample_columns(result, out_height);
+  if (columns_first && out_width != image.width) result = resample_rows(result, out_width);
   return result;
 }
 

@@ -64,7 +64,8 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
       tokenizer_(data::load_tokenizer(data.tokenizer)),
       skips_(64, data::warn_once_per_sample(kWarnedSkips)),
       processor_(std::move(processor)) {
-  processor_->set_pixel_bounds(data.min_pixels, data.max_pixels);
+  if (data.min_pixels > 0 || data.max_pixels > 0)
+    processor_->set_pixel_bounds(data.min_pixels, data.max_pixels);
   data::ChatTemplateOptions options;
   options.train_on_prompt = data.train_on_prompt;
   options.default_system = processor_->default_system();

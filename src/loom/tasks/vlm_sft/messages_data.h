@@ -20,7 +20,8 @@ class MessagesData : public JobData {
   // held-out sample that cannot be used (malformed, placeholders not matching its images, an image
   // missing or not decoding, a prompt over data.max_seq_len) is a DataError naming its file and
   // index. The evaluation takes the first data.eval_samples of them (all when they are fewer).
-  // Images are processed by the model's `processor`, within data.min_pixels and data.max_pixels.
+  // Images are processed by the model's `processor`, within data.min_pixels and data.max_pixels when
+  // given.
   MessagesData(const config::DataSection& data, uint64_t seed,
                std::unique_ptr<data::ImageProcessor> processor);
 

@@ -21,12 +21,8 @@ data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
 VqaData::VqaData(const config::DataSection& data, uint64_t seed,
                  std::unique_ptr<data::ImageProcessor> processor)
     : seed_(seed), processor_(std::move(processor)), eval_samples_(data.eval_samples), section_(data) {
-  const int64_t factor = processor_->size_multiple();
-  if (factor <= 0 || data.image_size % factor != 0)
-    throw ConfigError(fmt::format(
-        "data.image_size: {} is not a multiple of {}, the side the model's image processor cuts images "
-        "into (its patch size times its merge size)",
-        data.image_size, factor));
+  // Every image is processed whole at image_size x image_size: smaller ones are scaled up to it.
+  processor_->set_square_images(data.image_size);
   int64_t eval_size = 0;
   if (data.dataset == "shapes_vqa") {
     const data::ShapesVqa shapes(seed, data.image_size);
@@ -49,8 +45,6 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed,
     throw ConfigError(fmt::format("data.eval_samples: {} is more than the {} held-out samples of {}{}",
                                   eval_samples_, eval_size, data.dataset,
                                   data.dataset == "shapes_vqa" ? " (the cap on its generated split)" : ""));
-  // Every image is processed at image_size x image_size: smaller ones are scaled up to it.
-  processor_->set_pixel_bounds(data.image_size * data.image_size, data.image_size * data.image_size);
 }
 
 // The streams of counter_start that key each epoch's order of a finite training split, which

@@ -16,8 +16,8 @@ namespace loom::tasks {
 
 class VqaData : public JobData {
  public:
-  // Images are processed by the model's `processor` at data.image_size x data.image_size, which must
-  // be a multiple of the processor's size_multiple().
+  // Images are processed whole by the model's `processor` (ImageProcessor::set_square_images) at
+  // data.image_size x data.image_size.
   VqaData(const config::DataSection& data, uint64_t seed, std::unique_ptr<data::ImageProcessor> processor);
 
   const data::WordTokenizer& tokenizer() const override { return tokenizer_; }
