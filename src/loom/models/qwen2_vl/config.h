@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "loom/models/text/config.h"
+
 namespace loom::models {
 
 enum class VisionFamily { qwen2_vl, qwen2_5_vl };
@@ -29,22 +31,6 @@ struct VisionConfig {
   int64_t head_dim() const { return width / num_heads; }
   int64_t patch_row_width() const { return in_channels * temporal_patch_size * patch_size * patch_size; }
   int64_t merged_width() const { return width * spatial_merge_size * spatial_merge_size; }
-};
-
-struct TextConfig {
-  int64_t vocab_size = 152064;
-  int64_t hidden_size = 3584;
-  int64_t intermediate_size = 18944;
-  int64_t num_layers = 28;
-  int64_t num_heads = 28;
-  int64_t num_kv_heads = 4;
-  double rms_norm_eps = 1e-6;
-  double rope_theta = 1e6;
-  std::vector<int64_t> mrope_section{16, 24, 24};
-  bool tie_word_embeddings = false;
-  int64_t max_position_embeddings = 32768;
-
-  int64_t head_dim() const { return hidden_size / num_heads; }
 };
 
 struct TokenIds {

@@ -4,9 +4,9 @@
 
 #include <algorithm>
 
-#include "loom/models/qwen2_vl/language.h"
 #include "loom/models/qwen2_vl/model.h"
 #include "loom/models/qwen2_vl/vision.h"
+#include "loom/models/text/decoder.h"
 #include "loom/nn/rope.h"
 #include "loom/util/errors.h"
 

@@ -19,7 +19,7 @@
 
 #include "loom/core/layer.h"
 #include "loom/models/qwen2_vl/config.h"
-#include "loom/models/qwen2_vl/language.h"
+#include "loom/models/text/decoder.h"
 #include "loom/models/vision_language.h"
 #include "loom/parallel/sequence.h"
 

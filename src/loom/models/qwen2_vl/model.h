@@ -12,9 +12,9 @@
 
 #include "loom/core/model.h"
 #include "loom/models/qwen2_vl/config.h"
-#include "loom/models/qwen2_vl/language.h"
 #include "loom/models/qwen2_vl/layers.h"
 #include "loom/models/qwen2_vl/vision.h"
+#include "loom/models/text/decoder.h"
 #include "loom/models/vision_language.h"
 
 namespace loom::models {

@@ -1,5 +1,6 @@
-// The Qwen2 language model used by Qwen2-VL and Qwen2.5-VL: pre-norm decoder blocks with GQA
-// attention (q/k/v bias, M-RoPE) and a SwiGLU MLP, final RMSNorm.
+// The Qwen2 / Qwen3 language model of the vision-language families: pre-norm decoder blocks with GQA
+// attention (q/k/v biases for Qwen2, per-head q/k RMSNorm for Qwen3; the rotary tables, M-RoPE or 1-D,
+// are the caller's) and a SwiGLU MLP, final RMSNorm.
 #pragma once
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
@@ -7,7 +8,7 @@
 #include <memory>
 #include <vector>
 
-#include "loom/models/qwen2_vl/config.h"
+#include "loom/models/text/config.h"
 #include "loom/nn/norm.h"
 #include "loom/parallel/tensor.h"
 
@@ -43,6 +44,7 @@ class TextAttention : public torch::nn::Module {
                      size_t layer = 0, const parallel::ContextAttention* context_parallel = nullptr) const;
   std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<parallel::RowParallelLinear> o_proj;
+  std::shared_ptr<nn::RMSNorm> q_norm, k_norm;  // qk_norm only
   int64_t num_heads, num_kv_heads, head_dim;
 };
 

@@ -1,4 +1,4 @@
-#include "loom/models/qwen2_vl/language.h"
+#include "loom/models/text/decoder.h"
 
 #include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
@@ -36,17 +36,26 @@ TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& 
     : num_heads(heads_per_rank(c.num_heads, options, "attention heads")),
       num_kv_heads(kv_heads_per_rank(c.num_kv_heads, options)),
       head_dim(c.head_dim()) {
+  const bool bias = c.attention_bias;
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, c.num_heads * head_dim, true, options));
+                                         c.hidden_size, c.num_heads * head_dim, bias, options));
   const int64_t kv_slices = std::min(c.num_kv_heads, options.tp.size());
   k_proj =
       register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                    c.hidden_size, c.num_kv_heads * head_dim, true, options, 1, kv_slices));
+                                    c.hidden_size, c.num_kv_heads * head_dim, bias, options, 1, kv_slices));
   v_proj =
       register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                    c.hidden_size, c.num_kv_heads * head_dim, true, options, 1, kv_slices));
+                                    c.hidden_size, c.num_kv_heads * head_dim, bias, options, 1, kv_slices));
   o_proj = register_module("o_proj", std::make_shared<parallel::RowParallelLinear>(
                                          c.num_heads * head_dim, c.hidden_size, false, options));
+  if (c.qk_norm) {
+    // Whole on every rank, each applied to this rank's heads: their gradients are partial sums over
+    // the tensor-parallel group, as a sequence-parallel norm's are.
+    parallel::ParamOptions heads = options;
+    heads.tp.sequence_parallel = true;
+    q_norm = register_module("q_norm", std::make_shared<nn::RMSNorm>(head_dim, c.rms_norm_eps, heads));
+    k_norm = register_module("k_norm", std::make_shared<nn::RMSNorm>(head_dim, c.rms_norm_eps, heads));
+  }
 }
 
 at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -54,8 +63,14 @@ at::Tensor TextAttention::forward(const at::Tensor& x, const at::Tensor& cos, co
                                   size_t layer, const parallel::ContextAttention* context_parallel) const {
   const auto whole = q_proj->group().enter(x, kSequenceDim);  // shared by q, k and v
   const int64_t b = whole.size(0), l = whole.size(1);
-  auto q = nn::apply_rotary(q_proj->forward(whole).view({b, l, num_heads, head_dim}), cos, sin);
-  auto k = nn::apply_rotary(k_proj->forward(whole).view({b, l, num_kv_heads, head_dim}), cos, sin);
+  auto q = q_proj->forward(whole).view({b, l, num_heads, head_dim});
+  auto k = k_proj->forward(whole).view({b, l, num_kv_heads, head_dim});
+  if (q_norm) {
+    q = q_norm->forward(q);
+    k = k_norm->forward(k);
+  }
+  q = nn::apply_rotary(q, cos, sin);
+  k = nn::apply_rotary(k, cos, sin);
   auto v = v_proj->forward(whole).view({b, l, num_kv_heads, head_dim});
   at::Tensor out;  // (B, L, H, D)
   if (cached) {
