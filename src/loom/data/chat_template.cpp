@@ -128,16 +128,16 @@ ConversationExample ChatTemplate::render(const std::vector<Message>& messages, s
   ConversationExample ex;
   TokenWriter out(*tokenizer_, block_pad_, labelled, options_.train_on_prompt && labelled, ex);
 
-  size_t first = 0;
-  std::string system = options_.default_system;
-  if (messages[0].role == Role::system) {
-    system = messages[0].content;
-    first = 1;
+  // The conversation's system message, else the default one; none when that is empty.
+  const bool given = messages[0].role == Role::system;
+  const size_t first = given ? 1 : 0;
+  const std::string& system = given ? messages[0].content : options_.default_system;
+  if (given || !system.empty()) {
+    out.special(im_start_);
+    out.text("system\n" + system);
+    out.special(im_end_);
+    out.text("\n");
   }
-  out.special(im_start_);
-  out.text("system\n" + system);
-  out.special(im_end_);
-  out.text("\n");
 
   const std::string placeholder = kImagePlaceholder;
   size_t image = 0;
@@ -224,9 +224,11 @@ std::string content_jinja(const std::string& image, const std::string& separator
 std::string chatml_template_jinja(const std::string& default_system, const ImageBlock& block) {
   if (default_system.find("{") != std::string::npos || default_system.find("'") != std::string::npos)
     throw DataError("the default system message cannot hold '{' or a quote in a chat template");
-  return "{% for message in messages %}{% if loop.first and message['role'] != 'system' "
-         "%}<|im_start|>system\n" +
-         default_system + "<|im_end|>\n{% endif %}<|im_start|>{{ message['role'] }}\n" +
+  const std::string system = default_system.empty()
+                                 ? ""
+                                 : "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n" +
+                                       default_system + "<|im_end|>\n{% endif %}";
+  return "{% for message in messages %}" + system + "<|im_start|>{{ message['role'] }}\n" +
          content_jinja(block.start + block.pad + block.end, "") +
          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 }

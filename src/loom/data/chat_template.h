@@ -17,7 +17,7 @@ namespace loom::data {
 
 struct ChatTemplateOptions {
   // Used when the conversation has no system message (ChatML's customary one unless the model's
-  // processor says otherwise).
+  // processor says otherwise); "": no system message then.
   std::string default_system = "You are a helpful assistant.";
   // Label every token but the image blocks' pads (whose positions hold image features), instead of
   // the assistant replies only.

@@ -88,32 +88,52 @@ void init_parameters(torch::nn::Module& module, uint64_t seed, double std) {
 }
 
 void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
+  load_parameters(module, model_dir, [](const std::string& parameter) { return FileTensor{parameter}; });
+}
+
+void load_parameters(torch::nn::Module& module, const std::string& model_dir,
+                     const std::function<FileTensor(const std::string& parameter)>& locate) {
   checkpoint::WeightSource source(model_dir);
   std::set<std::string> unused;
   for (const auto& name : source.names()) unused.insert(name);
   at::NoGradGuard no_grad;
   const auto layouts = parallel::shard_layouts(module);
-  for (auto& [name, param] : named_parameters(module)) {
-    auto layout = layouts.find(name);
+  for (auto& [parameter, param] : named_parameters(module)) {
+    const FileTensor at = locate(parameter);
+    const std::string& name = at.name;
+    auto layout = layouts.find(parameter);
     const std::vector<int64_t> whole =
         layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes());
     if (!source.contains(name))
       throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})",
                                         model_dir, name, fmt::join(whole, "x")));
     auto shape = source.shape(name);
+    if (at.end > 0) {
+      if (shape.empty() || at.end > shape[0])
+        throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], without the rows [{}, {}) of '{}'",
+                                          model_dir, name, fmt::join(shape, ", "), at.begin, at.end,
+                                          parameter));
+      shape[0] = at.end - at.begin;
+    }
     if (shape != whole)
-      throw CheckpointError(fmt::format("{}: tensor '{}' has shape [{}], the model expects [{}]", model_dir,
-                                        name, fmt::join(shape, ", "), fmt::join(whole, ", ")));
+      throw CheckpointError(fmt::format("{}: tensor '{}'{} has shape [{}], the model expects [{}]", model_dir,
+                                        name,
+                                        at.end > 0 ? fmt::format(" rows [{}, {})", at.begin, at.end) : "",
+                                        fmt::join(shape, ", "), fmt::join(whole, ", ")));
     if (!checkpoint::loadable_as(source.dtype(name), param.scalar_type()))
       throw CheckpointError(fmt::format(
           "{}: tensor '{}' is stored as {}, which cannot load into the model's {} "
           "parameter (a mislabelled or foreign tensor)",
           source.file_of(name), name, c10::toString(source.dtype(name)), c10::toString(param.scalar_type())));
     auto values = source.load(name);
+    if (at.end > 0) values = values.narrow(0, at.begin, at.end - at.begin);
     param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
     unused.erase(name);
   }
-  unused.erase("lm_head.weight");  // tied models may still ship a copy
+  // Tied models may still ship a copy of their head.
+  for (auto it = unused.begin(); it != unused.end();)
+    it = it->size() >= 14 && it->compare(it->size() - 14, 14, "lm_head.weight") == 0 ? unused.erase(it)
+                                                                                     : std::next(it);
   if (!unused.empty())
     throw CheckpointError(fmt::format("{}: tensor '{}' does not belong to this model ({} unexpected tensors)",
                                       model_dir, *unused.begin(), unused.size()));

@@ -4,6 +4,8 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -19,6 +21,18 @@ void init_parameters(torch::nn::Module& module, uint64_t seed, double std = 0.02
 // tensors in the file that the model does not have are errors too, except `lm_head.weight`
 // for a tied model. The file holds whole tensors; a tensor-parallel rank keeps its slice.
 void load_parameters(torch::nn::Module& module, const std::string& model_dir);
+
+// Where a parameter's whole tensor is in a checkpoint of another published layout: the file's tensor
+// and, where that layout fuses several parameters into one (q, k and v), the rows [begin, end) of its
+// first dimension that are this one (end 0: all of it).
+struct FileTensor {
+  std::string name;
+  int64_t begin = 0, end = 0;
+};
+// load_parameters with each parameter read from where `locate` says (the same errors, naming the
+// file's tensors): every tensor of the files must be read, but for a tied model's copy of its head.
+void load_parameters(torch::nn::Module& module, const std::string& model_dir,
+                     const std::function<FileTensor(const std::string& parameter)>& locate);
 
 // Parameter tensors in module order, with HuggingFace names (this rank's slices under tensor
 // parallelism).

@@ -198,6 +198,24 @@ TEST(ChatTemplate, GenerationPromptEndsWithTheAssistantHeader) {
   EXPECT_EQ(ex.answer, "done");
 }
 
+// A processor without a default system message (InternVL's): a conversation without one has none,
+// one with one keeps it; the Jinja written for the checkpoint agrees.
+TEST(ChatTemplate, NoDefaultSystemMessageWritesNone) {
+  ChatTemplateOptions options = qwen2vl();
+  options.default_system = "";
+  const ChatTemplate chat_template(tokenizer(), options);
+  const std::vector<Message> ask = {{Role::user, "hi"}};
+  EXPECT_EQ(chat_template.encode_chat(ask, false), (kUserTurn + bytes("hi") + Ids{kImEnd, '\n'}));
+  const std::vector<Message> told = {{Role::system, "Be brief."}, {Role::user, "hi"}};
+  const Ids with_system = Ids{kImStart} + bytes("system\nBe brief.") + Ids{kImEnd, '\n'} + kUserTurn +
+                          bytes("hi") + Ids{kImEnd, '\n'};
+  EXPECT_EQ(chat_template.encode_chat(told, false), with_system);
+  const ImageBlock block{"<|vision_start|>", "<|image_pad|>", "<|vision_end|>"};
+  EXPECT_EQ(chatml_template_jinja("", block).find("system"), std::string::npos);
+  EXPECT_NE(chatml_template_jinja("You are a helpful assistant.", block).find("<|im_start|>system"),
+            std::string::npos);
+}
+
 TEST(ChatTemplate, EncodeChatEndsWithTheLastMessageOrTheGenerationPrompt) {
   const ChatTemplate chat_template(tokenizer(), qwen2vl());
   // A chat that ends with the user: "<|im_start|>user\nhi<|im_end|>\n", then the opening of the reply

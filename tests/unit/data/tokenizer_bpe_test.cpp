@@ -204,6 +204,15 @@ TEST(BpeTokenizer, RejectsSettingsItDoesNotApply) {
          j["post_processor"] = {{"type", "TemplateProcessing"}};
        },
        "TemplateProcessing"},
+      {"template_adding_a_token",  // one that adds nothing (transformers 5's for Qwen) loads
+       [](json& j) {
+         j["post_processor"] = {
+             {"type", "TemplateProcessing"},
+             {"single", json::array({{{"SpecialToken", {{"id", "<s>"}, {"type_id", 0}}}},
+                                     {{"Sequence", {{"id", "A"}, {"type_id", 0}}}}})},
+             {"special_tokens", {{"<s>", {{"id", "<s>"}, {"ids", {0}}, {"tokens", {"<s>"}}}}}}};
+       },
+       "TemplateProcessing"},
       {"wordpiece", [](json& j) { j["model"]["type"] = "WordPiece"; }, "model.type"},
       {"dropout", [](json& j) { j["model"]["dropout"] = 0.1; }, "dropout"},
       {"byte_fallback", [](json& j) { j["model"]["byte_fallback"] = true; }, "byte_fallback"},

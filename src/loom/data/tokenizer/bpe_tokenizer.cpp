@@ -1110,9 +1110,18 @@ BpeTokenizer BpeTokenizer::from_json(const json& root, const std::string& source
     throw fail(fmt::format("decoder {} is not supported; byte-level BPE needs {{\"type\": \"ByteLevel\"}}",
                            root.contains("decoder") ? root["decoder"].dump() : "missing"));
   }
-  if (!is_unset(root, "post_processor") && type_of(root["post_processor"]) != "ByteLevel") {
+  // A TemplateProcessing that adds nothing (the sequence alone, no special tokens) is what transformers
+  // 5 saves for Qwen's tokenizers.
+  const auto adds_nothing = [](const json& post) {
+    const json single = json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}});
+    return post.contains("single") && post["single"] == single &&
+           (!post.contains("special_tokens") || post["special_tokens"].empty());
+  };
+  if (!is_unset(root, "post_processor") && type_of(root["post_processor"]) != "ByteLevel" &&
+      !(type_of(root["post_processor"]) == "TemplateProcessing" && adds_nothing(root["post_processor"]))) {
     throw fail(fmt::format(
-        "post_processor {} is not supported; Loom adds no tokens, so it must be null or ByteLevel",
+        "post_processor {} is not supported; Loom adds no tokens, so it must be null, ByteLevel or a "
+        "TemplateProcessing that adds none",
         type_of(root["post_processor"])));
   }
 

@@ -20,6 +20,7 @@
 #include "loom/core/layer.h"
 #include "loom/models/qwen2_vl/config.h"
 #include "loom/models/text/decoder.h"
+#include "loom/models/text/layers.h"
 #include "loom/models/vision_language.h"
 #include "loom/parallel/sequence.h"
 
@@ -28,7 +29,7 @@ namespace loom::models {
 class VisionTransformer;
 
 // What every layer of one micro-batch reads, built once before the first layer.
-struct Qwen2VLContext : VisionLanguageContext {
+struct Qwen2VLContext : TextContext {
   // Vision tower (pixel_values undefined: no images).
   at::Tensor pixel_values;                   // (patches, C*T*P*P)
   at::Tensor vision_cos, vision_sin;         // (patches, 1, head_dim), in window order
@@ -39,22 +40,9 @@ struct Qwen2VLContext : VisionLanguageContext {
   // the window attention run over them.
   parallel::ContextShard vision_shard;
   parallel::ContextAttention frame_attention, window_attention;
-  // Language model (input_ids undefined: only the vision tower runs).
-  at::Tensor input_ids;   // (B, L)
-  at::Tensor image_mask;  // (B, L, 1): the image tokens
-  int64_t image_tokens = 0;
-  at::Tensor cos, sin;              // (B, L, 1, head_dim), M-RoPE
-  std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
-  parallel::SequenceChunks text_chunks;
-  // Context parallelism (text_shard.enabled(), VisionLanguageContext): this rank's tokens of every
-  // row as one row, causal within each sample (or row).
-  parallel::ContextAttention text_attention;
-  // Decoding: cached.cache set, the language layers read and extend it (so a context with a cache
-  // is run once: a second run would append its tokens again).
-  CachedPass cached;
+  // The language model's (TextContext): its rotary tables are M-RoPE's.
 
   bool has_images() const { return pixel_values.defined(); }
-  bool has_text() const { return input_ids.defined(); }
 };
 
 // The context of `inputs`: position ids (rope_index unless given), the rotary tables, attention

@@ -2,6 +2,8 @@
 // vision-language families that put one after their projector read them from config.json.
 #pragma once
 #include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
 #include <vector>
 
 namespace loom::models {
@@ -26,5 +28,21 @@ struct TextConfig {
 
   int64_t head_dim() const { return explicit_head_dim > 0 ? explicit_head_dim : hidden_size / num_heads; }
 };
+
+// A Qwen2 or Qwen3 language model's text_config (model_type qwen2 | qwen3; fields under `prefix`,
+// e.g. "text_config.", in messages naming `source`) with 1-D rotary positions: mrope_section empty.
+// Qwen2 has q/k/v biases; Qwen3 has per-head q/k norms, its own head_dim and attention_bias. The
+// rotary base is rope_theta or rope_parameters.rope_theta; rope scaling other than default (and
+// dynamic, which changes nothing up to max_position_embeddings: its limit, dynamic_rope_limit) and
+// sliding windows are refused. tie_word_embeddings is read here too (a caller may override it from a
+// top-level flag).
+struct TextModelConfig {
+  TextConfig text;
+  std::string model_type;          // qwen2 | qwen3
+  int64_t bos_token_id = 0;        // -1 when absent
+  int64_t dynamic_rope_limit = 0;  // > 0: dynamic rope scaling, sequences longer than this are refused
+};
+TextModelConfig parse_text_model_config(const nlohmann::json& text, const std::string& source,
+                                        const std::string& prefix);
 
 }  // namespace loom::models

@@ -106,19 +106,21 @@ ChatPrompts::ChatPrompts(const std::string& dir, std::unique_ptr<data::ImageProc
       throw DataError(fmt::format("{}: the built-in VQA template needs a word-level tokenizer", file));
     return;
   }
-  const size_t system = text.find(kSystemStart);
-  if (text.find("<|im_start|>") == std::string::npos || text.find(image_block) == std::string::npos ||
-      system == std::string::npos)
+  // An image is the processor's block, or (as transformers' processors expand it) its pad token alone.
+  if (text.find("<|im_start|>") == std::string::npos ||
+      (text.find(image_block) == std::string::npos && text.find(block.pad) == std::string::npos))
     throw DataError(fmt::format(
-        "{}: the chat template is neither ChatML with this model's image block (<|im_start|>, a default "
-        "system message, {} for an image) nor Loom's VQA template; Loom writes prompts in those two "
-        "formats only",
+        "{}: the chat template is neither ChatML with this model's image block (<|im_start|>, {} for an "
+        "image) nor Loom's VQA template; Loom writes prompts in those two formats only",
         file, image_block));
-  const size_t begin = system + std::string(kSystemStart).size();
-  const size_t end = text.find("<|im_end|>", begin);
-  if (end == std::string::npos)
-    throw DataError(fmt::format("{}: the default system message never ends", file));
-  default_system_ = text.substr(begin, end - begin);
+  // The default system message, when the template writes one.
+  if (const size_t system = text.find(kSystemStart); system != std::string::npos) {
+    const size_t begin = system + std::string(kSystemStart).size();
+    const size_t end = text.find("<|im_end|>", begin);
+    if (end == std::string::npos)
+      throw DataError(fmt::format("{}: the default system message never ends", file));
+    default_system_ = text.substr(begin, end - begin);
+  }
   data::ChatTemplateOptions options;
   options.default_system = default_system_;
   options.generation_prompt = true;
