@@ -62,3 +62,44 @@ for part, name in names:
     print(f"Wan {part} {name}: max abs difference {diff:.2e}")
     assert diff < 1e-5, (part, name, diff)
 PY
+# InternVL (a Qwen2 and a Qwen3 language model), every sample of the tiny fixture: the PNGs through
+# Loom's InternVL processor (tiles and thumbnails), then logits and image embeddings within 1e-4 of
+# transformers' (under two ranks too: the model split by tensor parallelism).
+IVL="$SRC/tests/fixtures/internvl-tiny"
+for variant in qwen2 qwen3; do
+  for sample in s1_1tile s2_2tiles s3_6tiles s4_two_images; do
+    python3 - "$IVL" "$sample" "$WORK/ivl-$sample.json" <<'PY'
+import json, sys
+fix, name, out = sys.argv[1:]
+inputs = json.load(open(f"{fix}/inputs/inputs.json"))
+sample = next(s for s in inputs["samples"] if s["name"] == name)
+images = [f"{fix}/inputs/{inputs['images'][i]['file']}" for i in sample["images"]]
+json.dump({"input_ids": sample["input_ids"], "images": images}, open(out, "w"))
+PY
+    for ranks in 1 2; do
+      out="$WORK/ivl-$variant-$sample-$ranks"
+      if [ "$ranks" = 1 ]; then
+        "$LOOM" forward --model "$IVL/$variant" --input "$WORK/ivl-$sample.json" --out "$out" > /dev/null ||
+          fail "InternVL $variant $sample forward failed"
+      else
+        "$LOOM" run -n 2 -- "$LOOM" forward --model "$IVL/$variant" --input "$WORK/ivl-$sample.json" --out "$out" \
+          > /dev/null || fail "InternVL $variant $sample forward over two ranks failed"
+      fi
+      python3 - "$out" "$IVL/$variant/expected" "$sample" "$variant $ranks" <<'PY'
+import json, struct, sys
+out, expected, name, what = sys.argv[1:]
+def floats(path):
+    data = open(path, "rb").read()
+    return struct.unpack(f"<{len(data) // 4}f", data)
+shapes = json.load(open(f"{out}/shapes.json"))
+want = json.load(open(f"{expected}/expected.json"))["samples"][name]
+for key in ("logits", "image_embeds"):
+    assert shapes[key] == want[key]["shape"], (key, shapes[key], want[key]["shape"])
+    a, b = floats(f"{out}/{key}.bin"), floats(f"{expected}/{want[key]['file']}")
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    print(f"InternVL {what} rank(s) {name} {key}: max abs difference {diff:.2e}")
+    assert diff < 1e-4, (key, diff)
+PY
+    done
+  done
+done

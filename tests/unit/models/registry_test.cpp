@@ -16,8 +16,10 @@ namespace {
 using testing::message_of;
 
 TEST(FamilyRegistry, EveryFamilyOnceWithItsKind) {
-  EXPECT_EQ(family_names(), (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "umt5", "wan", "wan_vae"}));
-  EXPECT_EQ(family_names(ModelKind::vision_language), (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl"}));
+  EXPECT_EQ(family_names(),
+            (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "umt5", "wan", "wan_vae", "internvl"}));
+  EXPECT_EQ(family_names(ModelKind::vision_language),
+            (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "internvl"}));
   EXPECT_EQ(family_names(ModelKind::denoiser), (std::vector<std::string>{"wan"}));
   EXPECT_EQ(family_names(ModelKind::latent_codec), (std::vector<std::string>{"wan_vae"}));
   EXPECT_EQ(family_names(ModelKind::text_encoder), (std::vector<std::string>{"umt5"}));
@@ -31,7 +33,7 @@ TEST(FamilyRegistry, EveryFamilyOnceWithItsKind) {
 
 TEST(FamilyRegistry, AnUnknownFamilyIsNamedWithTheValidOnes) {
   EXPECT_EQ(message_of<ConfigError>([] { family_named("llama"); }),
-            "model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, umt5, wan, wan_vae");
+            "model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, umt5, wan, wan_vae, internvl");
   EXPECT_EQ(&family_named("wan"), &families()[3]);
 }
 
@@ -41,6 +43,9 @@ TEST(FamilyRegistry, ModelsAreToldToTheirFamily) {
   EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/hf-qwen2-vl-tiny").family->name,
             "qwen2_vl");
   EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/wan-tiny/dit").family->name, "wan");
+  EXPECT_EQ(find_model("internvl3.5-1b").family->name, "internvl");
+  EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/internvl-tiny/qwen3").family->name,
+            "internvl");
 }
 
 }  // namespace
