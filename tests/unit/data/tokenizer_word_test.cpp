@@ -36,6 +36,25 @@ TEST(WordTokenizer, SpecialsComeFirstThenWordsInOrder) {
   EXPECT_THROW(tok.id("blue"), loom::DataError);
 }
 
+// A model's image block tokens (InternVL's <img> <IMG_CONTEXT> </img>) follow the standard specials,
+// those already among them left out (Qwen2-VL's keep their ids), and are whole tokens, saved as added.
+TEST(WordTokenizer, ExtraSpecialsFollowTheStandardOnes) {
+  const WordTokenizer tok = WordTokenizer::from_words({"what", "red"}, {"<img>", "<IMG_CONTEXT>", "</img>"});
+  EXPECT_EQ(tok.id("<img>"), 8);
+  EXPECT_EQ(tok.id("<IMG_CONTEXT>"), 9);
+  EXPECT_EQ(tok.id("</img>"), 10);
+  EXPECT_EQ(tok.id("what"), 11);
+  EXPECT_EQ(tok.encode("what<img><IMG_CONTEXT></img>red"), (std::vector<int64_t>{11, 8, 9, 10, 12}));
+  const WordTokenizer qwen =
+      WordTokenizer::from_words({"what", "red"}, {"<|vision_start|>", "<|image_pad|>", "<|vision_end|>"});
+  EXPECT_EQ(qwen.id("<|image_pad|>"), 5);
+  EXPECT_EQ(qwen.id("what"), 8);
+  TempFile file(kPrefix + "extra.json");
+  tok.save(file.path);
+  const WordTokenizer back = WordTokenizer::load(file.path);
+  EXPECT_EQ(back.encode("what<img><IMG_CONTEXT></img>red"), tok.encode("what<img><IMG_CONTEXT></img>red"));
+}
+
 TEST(WordTokenizer, EncodesWordsAndDecodesWithSingleSpaces) {
   const WordTokenizer tok = small();
   EXPECT_EQ(tok.encode("what color is the circle ?"), (std::vector<int64_t>{8, 9, 10, 11, 12, 13}));

@@ -34,13 +34,22 @@ const std::vector<std::string>& WordTokenizer::special_tokens() {
   return specials;
 }
 
-WordTokenizer WordTokenizer::from_words(const std::vector<std::string>& words) {
+WordTokenizer WordTokenizer::from_words(const std::vector<std::string>& words,
+                                        const std::vector<std::string>& extra_specials) {
   WordTokenizer tok;
   for (const std::string& s : special_tokens()) {
     tok.ids_.emplace(s, static_cast<int64_t>(tok.tokens_.size()));
     tok.tokens_.push_back(s);
   }
   tok.specials_ = special_tokens();
+  for (const std::string& s : extra_specials) {
+    if (s.empty() || has_space(s))
+      throw DataError(
+          fmt::format("word tokenizer: special token '{}' must be non-empty without whitespace", s));
+    if (!tok.ids_.emplace(s, static_cast<int64_t>(tok.tokens_.size())).second) continue;
+    tok.tokens_.push_back(s);
+    tok.specials_.push_back(s);
+  }
   for (const std::string& w : words) {
     if (w.empty() || has_space(w)) {
       throw DataError(

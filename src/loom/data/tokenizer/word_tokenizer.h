@@ -17,7 +17,10 @@ class WordTokenizer : public Tokenizer {
 
   // Specials first, then the words in the given order (ids 8, 9, ...). A word must be non-empty,
   // contain no whitespace, not be a special token and not repeat.
-  static WordTokenizer from_words(const std::vector<std::string>& words);
+  // `extra_specials` (a model's image block tokens) follow the standard ones, those among them left
+  // out, before the words.
+  static WordTokenizer from_words(const std::vector<std::string>& words,
+                                  const std::vector<std::string>& extra_specials = {});
   static WordTokenizer load(const std::string& tokenizer_json_path);  // DataError naming the file
   void save(const std::string& path) const;
 

@@ -10,10 +10,11 @@ namespace loom::tasks {
 
 namespace {
 
-data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary) {
+// The set's words after the chat template's, and the image block's tokens among the specials.
+data::WordTokenizer tokenizer_for(const std::vector<std::string>& vocabulary, const data::ImageBlock& block) {
   auto words = data::chat_template_words();
   words.insert(words.end(), vocabulary.begin(), vocabulary.end());
-  return data::WordTokenizer::from_words(words);
+  return data::WordTokenizer::from_words(words, {block.start, block.pad, block.end});
 }
 
 }  // namespace
@@ -29,14 +30,14 @@ VqaData::VqaData(const config::DataSection& data, uint64_t seed,
     eval_size = data::ShapesVqa::kMaxEvalSamples;
     sample_ = [shapes](data::Split split, int64_t i) { return shapes.sample(split, i); };
     question_types_ = data::ShapesVqa::question_types();
-    tokenizer_ = tokenizer_for(data::ShapesVqa::vocabulary());
+    tokenizer_ = tokenizer_for(data::ShapesVqa::vocabulary(), processor_->block());
   } else if (data.dataset == "fashion_mnist") {
     const data::FashionVqa fashion(data.dir.empty() ? data::FashionMnist::kDefaultDir : data.dir, seed);
     sample_ = [fashion](data::Split split, int64_t i) { return fashion.sample(split, i); };
     train_size_ = fashion.size(data::Split::train);
     eval_size = fashion.size(data::Split::eval);
     question_types_ = {"class"};
-    tokenizer_ = tokenizer_for(data::FashionVqa::vocabulary());
+    tokenizer_ = tokenizer_for(data::FashionVqa::vocabulary(), processor_->block());
   } else {
     throw ConfigError(
         fmt::format("data.dataset: '{}' is not available (valid: shapes_vqa, fashion_mnist)", data.dataset));
