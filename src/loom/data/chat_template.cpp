@@ -229,13 +229,13 @@ std::string chatml_template_jinja(const std::string& default_system, const Image
                                  : "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n" +
                                        default_system + "<|im_end|>\n{% endif %}";
   return "{% for message in messages %}" + system + "<|im_start|>{{ message['role'] }}\n" +
-         content_jinja(block.start + block.pad + block.end, "") +
+         content_jinja(block.template_text(), "") +
          "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}";
 }
 
 std::string vqa_template_jinja(const ImageBlock& block) {
   return "{% for message in messages %}<|im_start|>{{ message['role'] }} " +
-         content_jinja(block.start + block.pad + block.end, " ") +
+         content_jinja(block.template_text(), " ") +
          " <|im_end|>{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant {% endif %}";
 }
 

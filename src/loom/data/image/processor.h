@@ -20,9 +20,13 @@ struct VisionInput {
 };
 
 // The tokens an image is written with in the text: `start`, `tokens` times `pad` (the positions its
-// features take), `end`.
+// features take), `end`. A chat template written for transformers writes an image as
+// template_text(), which the family's processor there expands into the block.
 struct ImageBlock {
   std::string start, pad, end;
+  std::string in_template;  // empty: start, pad and end
+
+  std::string template_text() const { return in_template.empty() ? start + pad + end : in_template; }
 };
 
 class ImageProcessor {

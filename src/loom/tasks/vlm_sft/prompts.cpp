@@ -93,7 +93,7 @@ std::vector<data::VisionInput> processed_images(const std::vector<std::string>& 
 ChatPrompts::ChatPrompts(const std::string& dir, std::unique_ptr<data::ImageProcessor> processor)
     : tokenizer_(data::load_tokenizer(tokenizer_file(dir))), processor_(std::move(processor)) {
   const data::ImageBlock& block = processor_->block();
-  const std::string image_block = block.start + block.pad + block.end;
+  const std::string image_block = block.template_text();
   const auto [text, file] = chat_template_of(dir);
   if (text.empty())
     throw DataError(
