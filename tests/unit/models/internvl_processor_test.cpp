@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/data/chat_template.h"
 #include "loom/data/image/decode.h"
 #include "loom/models/internvl/processor.h"
 #include "loom/util/errors.h"
@@ -149,6 +150,9 @@ TEST(InternVLImageProcessor, TextBlockAndSettings) {
   EXPECT_EQ(processor.block().start, "<img>");
   EXPECT_EQ(processor.block().pad, "<IMG_CONTEXT>");
   EXPECT_EQ(processor.block().end, "</img>");
+  // transformers' chat template writes an image as <IMG_CONTEXT>, which its processor expands.
+  EXPECT_EQ(processor.block().template_text(), "<IMG_CONTEXT>");
+  EXPECT_EQ(data::chatml_template_jinja("", processor.block()).find("<img>"), std::string::npos);
   EXPECT_EQ(processor.default_system(), "");
   EXPECT_EQ(processor.size_multiple(), 1);
   const std::string message =

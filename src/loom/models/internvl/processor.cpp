@@ -127,7 +127,7 @@ InternVLImageProcessor::InternVLImageProcessor(const InternVLImageOptions& optio
 }
 
 const data::ImageBlock& InternVLImageProcessor::block() const {
-  static const data::ImageBlock block{"<img>", "<IMG_CONTEXT>", "</img>"};
+  static const data::ImageBlock block{"<img>", "<IMG_CONTEXT>", "</img>", "<IMG_CONTEXT>"};
   return block;
 }
 
