@@ -3,7 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/checkpoint/hf_export.h"
-#include "loom/dist/mappings.h"
+#include "loom/models/text/decoding.h"
 #include "loom/util/errors.h"
 
 namespace loom::models {
@@ -96,47 +96,22 @@ at::Tensor rotary_angles(const at::Tensor& positions, int64_t head_dim, double t
   return at::cat({freqs, freqs}, -1);
 }
 
-class InternVLDecoder : public VisionLanguageDecoder {
+// Decoding (models/text/decoding.h) with 1-D positions: a new token's is the count of real tokens
+// before it in its row.
+class InternVLDecoder : public CachedDecoder {
  public:
-  explicit InternVLDecoder(const InternVLForConditionalGeneration& model) : model_(&model) {}
+  explicit InternVLDecoder(const InternVLForConditionalGeneration& model)
+      : CachedDecoder(model, [&model](const VisionLanguageInputs& in, KVCache* cache) {
+          return model.context(in, cache);
+        }) {}
 
-  at::Tensor prefill(const VisionLanguageInputs& prompts) override {
-    if (!prompts.cu_seqlens.empty()) throw ModelError("decoding prompts come one per row, not packed");
-    if (prompts.attention_mask.defined() &&
-        !prompts.attention_mask.select(1, prompts.attention_mask.size(1) - 1).all().item<bool>())
-      throw ModelError("decoding prompts must be padded on the left: a row's last token is padding");
-    cache_ = KVCache{};
-    VisionLanguageInputs in = prompts;
-    in.position_ids = internvl_position_ids(in.input_ids, in.attention_mask);
-    return run(in);
+ protected:
+  at::Tensor prompt_positions(const VisionLanguageInputs& prompts) override {
+    return internvl_position_ids(prompts.input_ids, prompts.attention_mask);
   }
-
-  at::Tensor step(const at::Tensor& tokens) override {
-    if (cache_.length() == 0) throw ModelError("decoding: step() before prefill()");
-    const int64_t rows = tokens.size(0);
-    if (rows != cache_.valid.size(0))
-      throw ModelError(fmt::format("decoding: {} tokens for {} rows", rows, cache_.valid.size(0)));
-    VisionLanguageInputs in;
-    in.input_ids = tokens.to(at::kLong).view({rows, 1});
-    // A new token's position: the real tokens before it in its row.
-    in.position_ids = cache_.valid.sum(1, /*keepdim=*/true).to(at::kLong).cpu();
-    return run(in);
+  at::Tensor step_positions(int64_t) override {
+    return cache().valid.sum(1, /*keepdim=*/true).to(at::kLong).cpu();
   }
-
- private:
-  at::Tensor run(const VisionLanguageInputs& in) {
-    try {
-      const at::Tensor hidden =
-          core::run_layers(model_->layers(), {}, *model_->context(in, &cache_)).get("hidden");
-      return model_->whole_logits(hidden.select(1, hidden.size(1) - 1)).to(at::kFloat);
-    } catch (...) {
-      cache_ = KVCache{};  // a pass cut short leaves the layers' caches uneven: start again
-      throw;
-    }
-  }
-
-  const InternVLForConditionalGeneration* model_;
-  KVCache cache_;
 };
 
 }  // namespace
@@ -161,12 +136,7 @@ at::Tensor internvl_position_ids(const at::Tensor& input_ids, const at::Tensor& 
 
 InternVLLanguageModel::InternVLLanguageModel(const TextConfig& c, const parallel::ParamOptions& options) {
   model = register_module("model", std::make_shared<TextModel>(c, options));
-  if (!c.tie_word_embeddings) {
-    parallel::ParamOptions head = options;  // after the final norm: whole sequences
-    head.tp.sequence_parallel = false;
-    lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
-                                             c.hidden_size, c.vocab_size, false, head));
-  }
+  if (auto head = make_lm_head(c, options)) lm_head = register_module("lm_head", head);
 }
 
 InternVLForConditionalGeneration::InternVLForConditionalGeneration(
@@ -254,19 +224,15 @@ at::Tensor InternVLForConditionalGeneration::hidden_states(const VisionLanguageI
 }
 
 const at::Tensor& InternVLForConditionalGeneration::lm_head_weight() const {
-  return language_model->lm_head ? language_model->lm_head->weight
-                                 : language_model->model->embed_tokens->weight;
+  return head_weight(*language_model->model, language_model->lm_head.get());
 }
 
 at::Tensor InternVLForConditionalGeneration::logits(const at::Tensor& hidden) const {
-  // Every rank multiplies the whole hidden states by its vocabulary rows.
-  const auto whole = dist::copy_to_region(hidden, llm_tp().comm);
-  if (language_model->lm_head) return language_model->lm_head->forward(whole);
-  return at::linear(whole, language_model->model->embed_tokens->weight);
+  return head_logits(*language_model->model, language_model->lm_head.get(), hidden);
 }
 
 at::Tensor InternVLForConditionalGeneration::whole_logits(const at::Tensor& hidden) const {
-  return dist::gather_from_region(logits(hidden), llm_tp().comm, -1);
+  return whole_head_logits(*language_model->model, language_model->lm_head.get(), hidden);
 }
 
 std::unique_ptr<VisionLanguageDecoder> InternVLForConditionalGeneration::decoder() const {

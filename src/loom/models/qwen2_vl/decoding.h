@@ -1,30 +1,24 @@
-// Incremental decoding of Qwen2-VL, as transformers' generate() runs it: the prompts once (prefill),
-// then one token per row per step, each step attending over the keys and values the steps before it
-// cached, its M-RoPE position continuing from the prompt's with the row's rope delta.
+// Incremental decoding of Qwen2-VL (models/text/decoding.h): M-RoPE positions for the prompts, and
+// each new token's continuing from the prompt's with the row's rope delta.
 #pragma once
 #include <ATen/ATen.h>
 
 #include "loom/models/qwen2_vl/model.h"
+#include "loom/models/text/decoding.h"
 
 namespace loom::models {
 
-class Qwen2VLDecoder : public VisionLanguageDecoder {
+class Qwen2VLDecoder : public CachedDecoder {
  public:
   // The model must outlive the decoder.
-  explicit Qwen2VLDecoder(const Qwen2VLForConditionalGeneration& model) : model_(&model) {}
+  explicit Qwen2VLDecoder(const Qwen2VLForConditionalGeneration& model);
 
-  at::Tensor prefill(const VisionLanguageInputs& prompts) override;
-  at::Tensor step(const at::Tensor& tokens) override;
-
-  int64_t length() const { return cache_.length(); }  // tokens per row seen so far, padding included
+ protected:
+  at::Tensor prompt_positions(const VisionLanguageInputs& prompts) override;
+  at::Tensor step_positions(int64_t rows) override;
 
  private:
-  at::Tensor last_logits(const at::Tensor& hidden) const;
-  // One pass of the layers over the cache; the cache is emptied when it throws.
-  at::Tensor run(const VisionLanguageInputs& in);
-
   const Qwen2VLForConditionalGeneration* model_;
-  KVCache cache_;
   at::Tensor deltas_;  // (B, 1): a new token's position is its index in the row plus this
 };
 

@@ -106,12 +106,7 @@ Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(
   if (vision_tp) vision_options.tp = *vision_tp;
   visual = register_module("visual", std::make_shared<VisionTransformer>(c.vision, vision_options));
   model = register_module("model", std::make_shared<TextModel>(c.text, options));
-  if (!c.text.tie_word_embeddings) {
-    parallel::ParamOptions head = options;  // after the final norm: whole sequences
-    head.tp.sequence_parallel = false;
-    lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
-                                             c.text.hidden_size, c.text.vocab_size, false, head));
-  }
+  if (auto head = make_lm_head(c.text, options)) lm_head = register_module("lm_head", head);
   layers_ = qwen2vl_layers(visual, model, c);
 }
 
@@ -145,14 +140,11 @@ at::Tensor Qwen2VLForConditionalGeneration::hidden_states(const VisionLanguageIn
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::logits(const at::Tensor& hidden) const {
-  // Every rank multiplies the whole hidden states by its vocabulary rows.
-  const auto whole = dist::copy_to_region(hidden, model->tp.comm);
-  if (lm_head) return lm_head->forward(whole);
-  return at::linear(whole, model->embed_tokens->weight);
+  return head_logits(*model, lm_head.get(), hidden);
 }
 
 at::Tensor Qwen2VLForConditionalGeneration::whole_logits(const at::Tensor& hidden) const {
-  return dist::gather_from_region(logits(hidden), model->tp.comm, -1);
+  return whole_head_logits(*model, lm_head.get(), hidden);
 }
 
 double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t>& sequence_lengths,

@@ -57,9 +57,7 @@ class Qwen2VLForConditionalGeneration : public torch::nn::Module, public VisionL
   at::Tensor logits(const at::Tensor& hidden) const override;
   at::Tensor whole_logits(const at::Tensor& hidden) const override;
   int64_t vocab_start() const override { return model->embed_tokens->vocab_start(); }
-  const at::Tensor& lm_head_weight() const override {
-    return lm_head ? lm_head->weight : model->embed_tokens->weight;
-  }
+  const at::Tensor& lm_head_weight() const override { return head_weight(*model, lm_head.get()); }
   const parallel::TensorParallelGroup& llm_tp() const override { return model->tp; }
   // M-RoPE's (rope_index), unless the inputs give them.
   at::Tensor position_ids(const VisionLanguageInputs& inputs) const override;

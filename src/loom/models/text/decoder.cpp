@@ -1,5 +1,6 @@
 #include "loom/models/text/decoder.h"
 
+#include "loom/dist/mappings.h"
 #include "loom/nn/activation.h"
 #include "loom/nn/attention.h"
 #include "loom/nn/module_list.h"
@@ -141,6 +142,30 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   parallel::ParamOptions whole = options;
   whole.tp.sequence_parallel = false;
   norm = register_module("norm", std::make_shared<nn::RMSNorm>(c.hidden_size, c.rms_norm_eps, whole));
+}
+
+std::shared_ptr<parallel::ColumnParallelLinear> make_lm_head(const TextConfig& c,
+                                                             const parallel::ParamOptions& options) {
+  if (c.tie_word_embeddings) return nullptr;
+  parallel::ParamOptions head = options;  // after the final norm: whole sequences
+  head.tp.sequence_parallel = false;
+  return std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.vocab_size, false, head);
+}
+
+const at::Tensor& head_weight(const TextModel& text, const parallel::ColumnParallelLinear* lm_head) {
+  return lm_head ? lm_head->weight : text.embed_tokens->weight;
+}
+
+at::Tensor head_logits(const TextModel& text, const parallel::ColumnParallelLinear* lm_head,
+                       const at::Tensor& hidden) {
+  const auto whole = dist::copy_to_region(hidden, text.tp.comm);
+  if (lm_head) return lm_head->forward(whole);
+  return at::linear(whole, text.embed_tokens->weight);
+}
+
+at::Tensor whole_head_logits(const TextModel& text, const parallel::ColumnParallelLinear* lm_head,
+                             const at::Tensor& hidden) {
+  return dist::gather_from_region(head_logits(text, lm_head, hidden), text.tp.comm, -1);
 }
 
 }  // namespace loom::models

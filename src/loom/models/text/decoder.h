@@ -79,4 +79,17 @@ class TextModel : public torch::nn::Module {
   parallel::TensorParallelGroup tp;  // the LLM's; with sequence_parallel, blocks see one chunk of the tokens
 };
 
+// The language model's head (lm_head), untied: over whole sequences (after the final norm), this
+// rank's slice of the vocabulary. Null when the config ties it to the embedding.
+std::shared_ptr<parallel::ColumnParallelLinear> make_lm_head(const TextConfig& config,
+                                                             const parallel::ParamOptions& options);
+// The head's weight (vocab / tp, hidden): `lm_head`'s, or the embedding's when it is null (tied).
+const at::Tensor& head_weight(const TextModel& text, const parallel::ColumnParallelLinear* lm_head);
+// (..., hidden) -> (..., vocab / tp), this rank's slice (every rank multiplies the whole hidden
+// states by its vocabulary rows); whole_head_logits gathers the slices.
+at::Tensor head_logits(const TextModel& text, const parallel::ColumnParallelLinear* lm_head,
+                       const at::Tensor& hidden);
+at::Tensor whole_head_logits(const TextModel& text, const parallel::ColumnParallelLinear* lm_head,
+                             const at::Tensor& hidden);
+
 }  // namespace loom::models
