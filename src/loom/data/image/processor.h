@@ -29,6 +29,16 @@ struct ImageBlock {
   std::string template_text() const { return in_template.empty() ? start + pad + end : in_template; }
 };
 
+// A model directory's image processor settings, as transformers saves them: preprocessor_config.json,
+// or transformers 5's processor_config.json (the settings under "image_processor"); `path` is the
+// file read. Null settings when the directory has neither. DataError naming the file when it cannot
+// be read or is not valid JSON.
+struct ImageProcessorSettings {
+  nlohmann::json settings;
+  std::string path;
+};
+ImageProcessorSettings read_image_processor_settings(const std::string& dir);
+
 class ImageProcessor {
  public:
   virtual ~ImageProcessor() = default;

@@ -6,8 +6,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -113,19 +111,11 @@ int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {
 }
 
 Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLImageOptions options) {
-  namespace fs = std::filesystem;
-  fs::path path = fs::path(dir) / "preprocessor_config.json";
-  std::string within;
-  if (!fs::exists(path)) {
-    path = fs::path(dir) / "processor_config.json";
-    within = "image_processor";
-  }
-  if (!fs::exists(path)) return options;
-  std::ifstream in(path);
-  if (!in) throw DataError(fmt::format("{}: cannot be read", path.string()));
+  const ImageProcessorSettings read = read_image_processor_settings(dir);
+  if (read.settings.is_null()) return options;
+  const std::string& path = read.path;
   try {
-    const nlohmann::json file = nlohmann::json::parse(in);
-    const nlohmann::json& j = within.empty() ? file : file.at(within);
+    const nlohmann::json& j = read.settings;
     if (j.contains("min_pixels")) {
       options.min_pixels = j["min_pixels"].get<int64_t>();
     } else if (j.contains("size") && j["size"].contains("shortest_edge")) {
@@ -140,10 +130,8 @@ Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLIm
       for (size_t c = 0; c < 3; ++c) options.mean[c] = j["image_mean"].at(c).get<float>();
     if (j.contains("image_std"))
       for (size_t c = 0; c < 3; ++c) options.std[c] = j["image_std"].at(c).get<float>();
-  } catch (const nlohmann::json::parse_error& e) {
-    throw DataError(fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
   } catch (const nlohmann::json::exception& e) {
-    throw DataError(fmt::format("{}: {}", path.string(), e.what()));
+    throw DataError(fmt::format("{}: {}", path, e.what()));
   }
   return options;
 }

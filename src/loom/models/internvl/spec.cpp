@@ -2,8 +2,6 @@
 
 #include <fmt/format.h>
 
-#include <filesystem>
-
 #include "loom/models/field_reader.h"
 #include "loom/models/internvl/config.h"
 #include "loom/models/internvl/model.h"
@@ -17,23 +15,18 @@ namespace loom::models {
 
 namespace {
 
-// The processor of a model directory: processor_config.json's image_processor (transformers 5) or
-// preprocessor_config.json, over the model's tile geometry.
+// The processor of a model directory (its image processor settings, data::read_image_processor_settings),
+// over the model's tile geometry.
 InternVLImageOptions image_options(const InternVLConfig& config, const std::string& dir) {
   InternVLImageOptions options;
   options.tile_size = config.vision.image_size;
   options.patch_size = config.vision.patch_size;
   options.tokens_per_tile = config.projector.tokens_per_tile(config.vision);
   if (dir.empty()) return options;
-  nlohmann::json settings;
-  std::string path = dir + "/processor_config.json";
-  if (std::filesystem::is_regular_file(path)) {
-    const nlohmann::json file = read_config_file(path);
-    if (file.contains("image_processor")) settings = file["image_processor"];
-  } else if (path = dir + "/preprocessor_config.json"; std::filesystem::is_regular_file(path)) {
-    settings = read_config_file(path);
-  }
-  if (settings.is_null()) return options;
+  const data::ImageProcessorSettings read = data::read_image_processor_settings(dir);
+  if (read.settings.is_null()) return options;
+  const nlohmann::json& settings = read.settings;
+  const std::string& path = read.path;
   const FieldReader f(settings, path);
   options.min_tiles = f.integer("min_patches", options.min_tiles);
   options.max_tiles = f.integer("max_patches", options.max_tiles);
