@@ -17,7 +17,10 @@ expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_
 expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"
 expect_error "training.task=dpo: 'dpo' is not one of vlm_sft" --set training.task=dpo
 # A CUDA job on a build whose libtorch has no CUDA: one line, before anything is built.
-if ! ldd "$LOOM" | grep -q libtorch_cuda; then
+# (ldd's listing read whole first: grep -q stops early, and under pipefail ldd's broken pipe would
+# read as "no libtorch_cuda".)
+ldd "$LOOM" > "$WORK/ldd"
+if ! grep -q libtorch_cuda "$WORK/ldd"; then
   expect_error "training.device=cuda: cuda needs Loom built against a CUDA libtorch; this build's libtorch is CPU-only" \
     --set training.device=cuda
 fi
