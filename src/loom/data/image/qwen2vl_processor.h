@@ -64,6 +64,9 @@ class Qwen2VLImageProcessor : public ImageProcessor {
   // Its settings, with both the older (min_pixels, max_pixels) and the newer (shortest_edge,
   // longest_edge) forms of its size.
   nlohmann::ordered_json preprocessor_config() const override;
+  // None: Qwen2VLProcessor is found from config.json's model_type and takes its tokens' defaults.
+  nlohmann::ordered_json processor_config() const override { return nullptr; }
+  nlohmann::ordered_json named_tokens() const override { return nlohmann::ordered_json::object(); }
   const std::string& default_system() const override;
   const Qwen2VLImageOptions& options() const { return options_; }
 

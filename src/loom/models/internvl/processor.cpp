@@ -161,6 +161,19 @@ nlohmann::ordered_json InternVLImageProcessor::preprocessor_config() const {
           {"size", {{"height", options_.tile_size}, {"width", options_.tile_size}}}};
 }
 
+nlohmann::ordered_json InternVLImageProcessor::processor_config() const {
+  return {{"image_seq_length", options_.tokens_per_tile}, {"processor_class", "InternVLProcessor"}};
+}
+
+nlohmann::ordered_json InternVLImageProcessor::named_tokens() const {
+  const data::ImageBlock& b = block();
+  // transformers' InternVLProcessor also reads a video token, which Loom's InternVL does not train.
+  return {{"context_image_token", b.pad},
+          {"end_image_token", b.end},
+          {"start_image_token", b.start},
+          {"video_token", "<video>"}};
+}
+
 const std::string& InternVLImageProcessor::default_system() const {
   static const std::string system;
   return system;

@@ -57,6 +57,10 @@ class InternVLImageProcessor : public data::ImageProcessor {
   // GotOcr2ImageProcessor's settings as the -hf checkpoints write them, with crop_to_patches true (Loom
   // always tiles; transformers' InternVLProcessor turns it on per call).
   nlohmann::ordered_json preprocessor_config() const override;
+  // InternVLProcessor with image_seq_length (tokens per tile).
+  nlohmann::ordered_json processor_config() const override;
+  // <img>, </img>, <IMG_CONTEXT> and <video> by the names InternVLProcessor reads them.
+  nlohmann::ordered_json named_tokens() const override;
   const std::string& default_system() const override;
   const InternVLImageOptions& options() const { return options_; }
 

@@ -8,7 +8,8 @@
 namespace loom::tasks {
 
 nlohmann::ordered_json tokenizer_config(const data::Tokenizer& tokenizer, bool tokenizer_json,
-                                        const std::string& chat_template, int64_t model_max_length) {
+                                        const std::string& chat_template, int64_t model_max_length,
+                                        const nlohmann::ordered_json& named_tokens) {
   nlohmann::ordered_json out = nlohmann::ordered_json::object();
   if (tokenizer_json) out["tokenizer_class"] = "PreTrainedTokenizerFast";  // reads tokenizer.json
   out["chat_template"] = chat_template;
@@ -18,6 +19,7 @@ nlohmann::ordered_json tokenizer_config(const data::Tokenizer& tokenizer, bool t
   out["model_max_length"] = model_max_length;
   out["clean_up_tokenization_spaces"] = false;
   out["split_special_tokens"] = false;
+  if (!named_tokens.empty()) out["model_specific_special_tokens"] = named_tokens;
   return out;
 }
 

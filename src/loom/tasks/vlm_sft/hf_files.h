@@ -12,9 +12,11 @@
 namespace loom::tasks {
 
 // tokenizer_config.json: the template, <|im_end|> as the end token, the padding token Loom pads
-// with, and (for a tokenizer.json, not a SentencePiece model) the tokenizer class that reads it.
+// with, the tokens the family's processor looks up by name (data::ImageProcessor::named_tokens), and
+// (for a tokenizer.json, not a SentencePiece model) the tokenizer class that reads it.
 nlohmann::ordered_json tokenizer_config(const data::Tokenizer& tokenizer, bool tokenizer_json,
-                                        const std::string& chat_template, int64_t model_max_length);
+                                        const std::string& chat_template, int64_t model_max_length,
+                                        const nlohmann::ordered_json& named_tokens);
 
 // generation_config.json from the model's beginning-of-text id and the tokenizer's stop tokens:
 // <|im_end|> and <|endoftext|> when it has them.

@@ -145,10 +145,14 @@ void VlmSftTask::save_artifacts(const std::string& dir) const {
   const auto write = [&dir](const std::string& name, const nlohmann::ordered_json& json) {
     checkpoint::write_text_file_durable(dir + "/" + name, json.dump(2) + "\n");
   };
-  write("preprocessor_config.json", data_->processor().preprocessor_config());
+  const data::ImageProcessor& processor = data_->processor();
+  write("preprocessor_config.json", processor.preprocessor_config());
+  const nlohmann::ordered_json processor_config = processor.processor_config();
+  if (!processor_config.is_null()) write("processor_config.json", processor_config);
   const std::string chat_template = data_->chat_template();
-  write("tokenizer_config.json", tokenizer_config(data_->tokenizer(), data_->tokenizer_json(), chat_template,
-                                                  model_->max_position_embeddings()));
+  write("tokenizer_config.json",
+        tokenizer_config(data_->tokenizer(), data_->tokenizer_json(), chat_template,
+                         model_->max_position_embeddings(), processor.named_tokens()));
   write("chat_template.json", {{"chat_template", chat_template}});
   const std::filesystem::path given = std::filesystem::path(init_from_) / "generation_config.json";
   if (!init_from_.empty() && std::filesystem::is_regular_file(given))
