@@ -25,7 +25,7 @@ namespace loom::cli {
 
 namespace {
 
-// The text messages of a chat for Qwen2-VL's chat template, from JSON text: a list of messages or
+// The text messages of a chat for the ChatML chat template, from JSON text: a list of messages or
 // {"messages": [...]}; a role is "system", "user" or "assistant"; content is a string or a list of
 // {"type": "text", "text": ...} parts. Images are refused: their <|image_pad|> count depends on the
 // image's size.
@@ -99,7 +99,7 @@ std::vector<data::Message> chat_messages(const std::string& text) {
   return out;
 }
 
-// Text on standard input to ids, or with `chat` messages through Qwen2-VL's chat template (the one
+// Text on standard input to ids, or with `chat` messages through the ChatML chat template (the one
 // training uses), printed as one JSON array.
 int run_tokenize(const std::string& tokenizer_path, bool chat, bool add_generation_prompt) {
   const auto tokenizer = data::load_tokenizer(tokenizer_path);
@@ -136,7 +136,7 @@ std::vector<Command> add_data(CLI::App& loom) {
       ->required();
   tokenize->add_flag("--chat", tokenize_arguments->chat,
                      "Read messages JSON ([{\"role\": ..., \"content\": ...}] or {\"messages\": [...]}) and "
-                     "apply Qwen2-VL's ChatML template");
+                     "apply the ChatML chat template training uses");
   tokenize
       ->add_flag("--add-generation-prompt", tokenize_arguments->add_generation_prompt,
                  "With --chat, end with the opening of the assistant's turn")

@@ -17,11 +17,9 @@
 #include "loom/data/image/decode.h"
 #include "loom/dist/comm.h"
 #include "loom/dist/launch_env.h"
+#include "loom/models/generator.h"
 #include "loom/models/registry.h"
-#include "loom/models/umt5/model.h"
 #include "loom/models/vision_language.h"
-#include "loom/models/wan/names.h"
-#include "loom/models/wan/vae.h"
 #include "loom/models/weights.h"
 #include "loom/util/errors.h"
 
@@ -123,13 +121,17 @@ void refuse_ranks(const char* what) {
     throw ConfigError(fmt::format("forward: the {} runs in one process (no tensor-parallel split)", what));
 }
 
-// The umT5 encoder on input_ids and attention_mask (HF's input format): last_hidden_state.bin.
-int forward_umt5(const models::NamedModel& named, const std::string& model_dir, const std::string& input_path,
-                 const std::string& out_dir) {
-  refuse_ranks("umT5 encoder");
-  const auto model =
-      std::make_shared<models::UMT5EncoderModel>(models::parse_umt5_config(named.hf, named.source));
-  models::load_parameters(*model, model_dir);
+// The model of a directory, whole, as its kind's interface.
+template <typename Interface>
+std::shared_ptr<Interface> load_whole(const models::NamedModel& named, const std::string& model_dir) {
+  refuse_ranks(models::kind_name(named.family->kind));
+  return models::as_interface<Interface>(models::load_model(named, model_dir), named.source);
+}
+
+// A text encoder on input_ids and attention_mask (HF's input format): last_hidden_state.bin.
+int forward_text_encoder(const models::NamedModel& named, const std::string& model_dir,
+                         const std::string& input_path, const std::string& out_dir) {
+  const auto model = load_whole<models::TextEncoder>(named, model_dir);
   const nlohmann::json input = read_input(input_path);
   const at::Tensor ids = integer_rows(input, "input_ids", input_path);
   const at::Tensor mask = input.contains("attention_mask") ? integer_rows(input, "attention_mask", input_path)
@@ -138,16 +140,15 @@ int forward_umt5(const models::NamedModel& named, const std::string& model_dir, 
     throw DataError(fmt::format("{}: attention_mask is {}, input_ids {}", input_path,
                                 fmt::join(mask.sizes(), "x"), fmt::join(ids.sizes(), "x")));
   at::NoGradGuard no_grad;
-  write_outputs(out_dir, {{"last_hidden_state.bin", model->forward(ids, mask)}});
+  write_outputs(out_dir, {{"last_hidden_state.bin", model->encode(ids, mask)}});
   return 0;
 }
 
-// The Wan DiT on a reference run's inputs (io.json: x.bin [C_in, T, H, W], t.bin [1], context.bin
+// A denoiser on a reference run's inputs (io.json: x.bin [C_in, T, H, W], t.bin [1], context.bin
 // [L_text, text_dim], one sample as upstream's model takes it): out.bin [C_out, T, H, W].
-int forward_wan(const std::string& model_dir, const std::string& io_path, const std::string& out_dir) {
-  refuse_ranks("Wan DiT");
-  const auto model = std::make_shared<models::WanModel>(models::wan_config_from_dir(model_dir));
-  models::load_wan_parameters(*model, model_dir);
+int forward_denoiser(const models::NamedModel& named, const std::string& model_dir,
+                     const std::string& io_path, const std::string& out_dir) {
+  const auto model = load_whole<models::Denoiser>(named, model_dir);
   const nlohmann::json io = read_input(io_path);
   const at::Tensor x = io_tensor(io, io_path, "x.bin"), t = io_tensor(io, io_path, "t.bin"),
                    context = io_tensor(io, io_path, "context.bin");
@@ -157,23 +158,23 @@ int forward_wan(const std::string& model_dir, const std::string& io_path, const 
   return 0;
 }
 
-// The Wan VAE on each case of a reference run (io.json's "cases", each with <case>_video.bin
+// A latent codec on each case of a reference run (io.json's "cases", each with <case>_video.bin
 // [1, 3, T, H, W] in [-1, 1]): <case>_mu.bin and <case>_log_var.bin (raw, as encode gives them) and
 // <case>_decoded_raw.bin (mu decoded, unclamped), chunk by chunk as upstream runs them.
-int forward_wan_vae(const std::string& model_dir, const std::string& io_path, const std::string& out_dir) {
-  refuse_ranks("Wan VAE");
-  const auto model = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(model_dir));
-  models::load_parameters(*model, model_dir);
+int forward_latent_codec(const models::NamedModel& named, const std::string& model_dir,
+                         const std::string& io_path, const std::string& out_dir) {
+  const auto model = load_whole<models::LatentCodec>(named, model_dir);
   const nlohmann::json io = read_input(io_path);
   if (!io.contains("cases") || !io["cases"].is_object() || io["cases"].empty())
     throw DataError(fmt::format("{}: \"cases\" must name the videos to encode (<case>_video.bin)", io_path));
   std::vector<std::pair<std::string, at::Tensor>> outputs;
   at::NoGradGuard no_grad;
   for (const auto& [name, ignored] : io["cases"].items()) {
-    const models::VaeEncoding encoding = model->encode(io_tensor(io, io_path, name + "_video.bin"));
+    const models::VaeEncoding encoding =
+        model->encode_clips(io_tensor(io, io_path, name + "_video.bin"), /*chunked=*/true);
     outputs.emplace_back(name + "_mu.bin", encoding.mu);
     outputs.emplace_back(name + "_log_var.bin", encoding.log_var);
-    outputs.emplace_back(name + "_decoded_raw.bin", model->decode(encoding.mu));
+    outputs.emplace_back(name + "_decoded_raw.bin", model->decode_latents(encoding.mu, /*chunked=*/true));
   }
   write_outputs(out_dir, outputs);
   return 0;
@@ -234,14 +235,22 @@ int forward_vision_language(const models::NamedModel& named, const std::string& 
 int run_forward(const std::string& model_dir, const std::string& input_path, const std::string& out_dir,
                 bool sequence_parallel) {
   const models::NamedModel named = models::find_model(model_dir);
-  const std::string& family = named.family->name;
-  if (named.family->kind == models::ModelKind::vision_language)
+  const models::ModelKind kind = named.family->kind;
+  if (kind == models::ModelKind::vision_language)
     return forward_vision_language(named, model_dir, input_path, out_dir, sequence_parallel);
   if (sequence_parallel) throw ConfigError("forward: --sequence-parallel is for vision-language models");
-  if (family == "umt5") return forward_umt5(named, model_dir, input_path, out_dir);
-  if (family == "wan") return forward_wan(model_dir, input_path, out_dir);
-  if (family == "wan_vae") return forward_wan_vae(model_dir, input_path, out_dir);
-  throw ConfigError(fmt::format("forward: {} models ({}) have no forward command", family, named.source));
+  switch (kind) {
+    case models::ModelKind::text_encoder:
+      return forward_text_encoder(named, model_dir, input_path, out_dir);
+    case models::ModelKind::denoiser:
+      return forward_denoiser(named, model_dir, input_path, out_dir);
+    case models::ModelKind::latent_codec:
+      return forward_latent_codec(named, model_dir, input_path, out_dir);
+    case models::ModelKind::vision_language:
+      break;
+  }
+  throw ConfigError(
+      fmt::format("forward: {} models ({}) have no forward command", named.family->name, named.source));
 }
 
 }  // namespace
@@ -254,10 +263,10 @@ Command add_forward(CLI::App& loom) {
   auto arguments = std::make_shared<Arguments>();
   auto* command = loom.add_subcommand(
       "forward",
-      "One forward pass of a model directory on given inputs: ids and images (Qwen2-VL: logits.bin, "
-      "image_embeds.bin), ids and an attention mask (umT5: last_hidden_state.bin), or a reference run's "
-      "io.json "
-      "(Wan DiT: out.bin; Wan VAE: <case>_mu.bin, <case>_log_var.bin, <case>_decoded_raw.bin)");
+      "One forward pass of a model directory on given inputs, by the model's kind: ids and images (a "
+      "vision-language model: logits.bin, image_embeds.bin), ids and an attention mask (a text encoder: "
+      "last_hidden_state.bin), or a reference run's io.json (a denoiser: out.bin; a latent codec: "
+      "<case>_mu.bin, <case>_log_var.bin, <case>_decoded_raw.bin)");
   command->add_option("--model", arguments->model_dir, "Model directory (config.json + safetensors)")
       ->required();
   command

@@ -1,5 +1,5 @@
-// loom generate's video form: clips for a caption from a flow-matching job's DiT checkpoint, with the
-// VAE and text encoder the job names, written as PNG frames, an animated GIF and an MP4.
+// loom generate's video form: clips for a caption from a flow-matching job's denoiser checkpoint, with
+// the latent codec and text encoder the job names, written as PNG frames, an animated GIF and an MP4.
 #include <fmt/format.h>
 
 #include <filesystem>
@@ -10,9 +10,8 @@
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/config/config.h"
 #include "loom/dist/launch_env.h"
+#include "loom/models/generator.h"
 #include "loom/models/registry.h"
-#include "loom/models/wan/names.h"
-#include "loom/models/weights.h"
 #include "loom/tasks/flow_matching/pipeline.h"
 #include "loom/tasks/flow_matching/task.h"
 #include "loom/tasks/video/clips.h"
@@ -26,21 +25,21 @@ int run_generate_video(const VideoGeneration& g) {
     throw ConfigError("generate runs in one process, not under loom run");
   const config::JobConfig job = config::load_config(g.config_path, g.overrides);
   use_threads(job.training.threads, 1);
-  if (job.training.task != "flow_matching" || job.model.family != "wan")
+  if (job.training.task != "flow_matching" ||
+      models::family_named(job.model.family).kind != models::ModelKind::denoiser)
     throw ConfigError(
-        fmt::format("{}: generate makes clips with a flow_matching job's Wan DiT (training.task "
-                    "flow_matching, model.family wan), not a {} job's {}",
+        fmt::format("{}: generate makes clips with a flow_matching job's denoiser (training.task "
+                    "flow_matching), not a {} job's {}",
                     g.config_path, job.training.task, job.model.family));
-  const models::NamedConfig named = models::job_hf_config(job);
-  auto dit = std::make_shared<models::WanModel>(models::parse_wan_config(named.hf, named.source));
   const std::string checkpoint = checkpoint::resolve_model_directory(g.checkpoint);
-  models::load_wan_parameters(*dit, checkpoint);
-  dit->eval();
+  const auto dit =
+      models::as_interface<models::Denoiser>(models::load_job_model(job, checkpoint), "model.family");
+  dit->module().eval();
   std::shared_ptr<const data::Tokenizer> builtin;
   if (job.data.dataset == "moving_fashion")
     builtin = std::make_shared<data::WordTokenizer>(tasks::moving_fashion_tokenizer());
   const tasks::flow_matching::FlowHelpers helpers =
-      tasks::flow_matching::load_flow_helpers(job, dit->config, builtin);
+      tasks::flow_matching::load_flow_helpers(job, *dit, builtin);
 
   tasks::flow_matching::GenerationSettings settings;
   settings.frames = g.frames > 0 ? g.frames : job.data.frames;

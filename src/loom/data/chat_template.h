@@ -43,7 +43,7 @@ struct ConversationExample {
   TokenizedExample to_tokenized_example() const;
 };
 
-// The text, following the ChatML chat_template.json of Qwen2-VL (Qwen/Qwen2-VL-7B-Instruct):
+// The text, following the ChatML chat_template.json the vision-language checkpoints ship:
 //   {% for message in messages %}{% if loop.first and message['role'] != 'system' %}
 //   <|im_start|>system\nYou are a helpful assistant.<|im_end|>\n{% endif %}
 //   <|im_start|>{{ message['role'] }}\n ... {{ content }}<|im_end|>\n{% endfor %}
@@ -51,7 +51,7 @@ struct ConversationExample {
 // where an image is its processor's block (chatml_template_jinja): start, the image's `tokens` pads,
 // end. Special tokens are emitted as ids; the text between
 // them is encoded piece by piece, so no merge crosses a special token. As in LLaMA-Factory's and
-// MindSpeed MM's qwen2_vl template, a user turn is encoded together with the following
+// MindSpeed MM's ChatML templates, a user turn is encoded together with the following
 // "<|im_start|>assistant\n" as the prompt, and each reply "{content}<|im_end|>\n" separately as the
 // response: the reply's content, its <|im_end|> and the "\n" after it are labelled, every assistant
 // turn of a multi-turn conversation included.
@@ -73,7 +73,7 @@ class ChatTemplate {
   // A text-only chat as a model's prompt (inference, `loom data tokenize --chat`): every message as
   // it is, the last one a user or an assistant message, then "<|im_start|>assistant\n" when
   // add_generation_prompt; nothing is labelled, whatever the options say. With a tokenizer that splits
-  // its input at special tokens (as Qwen's does), these are the ids of the whole template text.
+  // its input at special tokens (as byte-level BPE ones do), these are the ids of the whole template text.
   // DataError, for the caller to prefix with the chat's source, when chat_problem() finds one or a
   // message has an "<image>" placeholder.
   std::vector<int64_t> encode_chat(const std::vector<Message>& messages, bool add_generation_prompt) const;

@@ -89,6 +89,49 @@ std::shared_ptr<core::Model> load_model(const NamedModel& named, const std::stri
   return model;
 }
 
+std::shared_ptr<core::Model> load_frozen_model(ModelKind kind, const std::string& key, const std::string& dir,
+                                               const nlohmann::json& inline_config, uint64_t seed) {
+  const std::string source = dir.empty() ? key : (std::filesystem::path(dir) / "config.json").string();
+  const nlohmann::json hf = dir.empty() ? inline_config : read_config_file(source);
+  const std::vector<std::string> names = family_names(kind);
+  const Family* family = nullptr;
+  for (const auto& f : families())
+    if (f.kind == kind && f.owns(hf)) family = &f;
+  if (!family && names.size() == 1) family = &family_named(names[0]);
+  if (!family)
+    throw ConfigError(
+        fmt::format("{}: {} is not the config of a {} Loom builds ({}; told apart by "
+                    "model_type or _class_name)",
+                    key, source, kind_name(kind), fmt::join(names, ", ")));
+  std::shared_ptr<core::Model> model = family->build(hf, source, {});
+  if (dir.empty())
+    family->init(*model, seed);
+  else
+    family->load(*model, dir);
+  model->module().eval();
+  for (auto& p : model->module().parameters()) p.set_requires_grad(false);
+  return model;
+}
+
+std::shared_ptr<core::Model> job_model_shapes(const config::JobConfig& job) {
+  const NamedConfig named = job_hf_config(job);
+  BuildOptions options;
+  options.params.shapes_only = true;
+  return family_named(job.model.family).build(named.hf, named.source, options);
+}
+
+std::shared_ptr<core::Model> load_job_model(const config::JobConfig& job, const std::string& dir) {
+  const NamedConfig named = job_hf_config(job);
+  const Family& family = family_named(job.model.family);
+  std::shared_ptr<core::Model> model = family.build(named.hf, named.source, {});
+  family.load(*model, dir);
+  return model;
+}
+
+void throw_not_interface(const std::string& what) {
+  throw ModelError(fmt::format("{}: its family's model does not implement its kind's interface", what));
+}
+
 NamedModel find_model(const std::string& what) {
   std::vector<std::string> published;
   for (const auto& family : families())

@@ -47,6 +47,24 @@ NamedModel find_model(const std::string& published_name_or_dir);
 std::shared_ptr<core::Model> load_model(const NamedModel& named, const std::string& dir,
                                         const BuildOptions& options = {});
 
+// A frozen model of `kind` that a job names beside its own (a denoiser's latent codec, model.vae, and
+// text encoder, model.text_encoder): a model directory's (`dir`), loaded from it, or an inline
+// config's, its weights drawn from `seed` (Family::init). The family is the one of `kind` that owns
+// the config, else the only family of that kind. ConfigError naming `key` when no family of `kind`
+// reads it. Returned in eval mode without gradients, on the CPU, in float32.
+std::shared_ptr<core::Model> load_frozen_model(ModelKind kind, const std::string& key, const std::string& dir,
+                                               const nlohmann::json& inline_config, uint64_t seed);
+
+// `model` as the interface of its kind (vision_language.h, generator.h): ModelError naming `what`
+// when its family's model does not implement it.
+[[noreturn]] void throw_not_interface(const std::string& what);
+template <typename Interface>
+std::shared_ptr<Interface> as_interface(std::shared_ptr<core::Model> model, const std::string& what) {
+  auto typed = std::dynamic_pointer_cast<Interface>(std::move(model));
+  if (!typed) throw_not_interface(what);
+  return typed;
+}
+
 // The config.json object a job's model section names, and what names it in errors: model.hf_config
 // (a path, a published name of model.family, or inline fields), else init_from's config.json.
 struct NamedConfig {
@@ -62,6 +80,11 @@ NamedConfig checked_job_config(const config::JobConfig& job);
 // The job's parallel layout checked against its model and `world_size` processes, by the family: a
 // one-line ConfigError before any work. Returns the checked config (checked_job_config).
 NamedConfig check_job_layout(const config::JobConfig& job, int64_t world_size);
+
+// The job's model whole, as one process builds it from its config (job_hf_config): unallocated
+// (shapes only), or loaded from the model directory `dir` (e.g. a checkpoint of the job) in float32.
+std::shared_ptr<core::Model> job_model_shapes(const config::JobConfig& job);
+std::shared_ptr<core::Model> load_job_model(const config::JobConfig& job, const std::string& dir);
 
 // The job's model from its checked config over `layout`: built as the family splits it under the
 // job's parallel section (`cp`: the job's context-parallel groups, formed once per job), initialised

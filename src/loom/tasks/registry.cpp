@@ -14,9 +14,8 @@
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/models/converters.h"
+#include "loom/models/generator.h"
 #include "loom/models/registry.h"
-#include "loom/models/wan/dit.h"
-#include "loom/models/wan/vae.h"
 #include "loom/models/weights.h"
 #include "loom/nn/fused.h"
 #include "loom/tasks/flow_matching/task.h"
@@ -34,11 +33,7 @@ using ContextDegrees = std::map<int64_t, parallel::ContextParallelGroup>;
 // The model a family of the task's kind built, as that kind's interface.
 template <typename Kind>
 std::shared_ptr<Kind> as_kind(std::shared_ptr<core::Model> model, const config::JobConfig& job) {
-  auto typed = std::dynamic_pointer_cast<Kind>(std::move(model));
-  if (!typed)
-    throw ModelError(
-        fmt::format("model.family: {}'s model does not implement its kind's interface", job.model.family));
-  return typed;
+  return models::as_interface<Kind>(std::move(model), "model.family: " + job.model.family);
 }
 
 // The task over a model built for the job: the rank's groups in `layout` and `cp`.
@@ -57,12 +52,12 @@ std::shared_ptr<core::Task> flow_matching_task(const config::JobConfig& job,
                                                std::shared_ptr<core::Model> model, const core::Layout& layout,
                                                ContextDegrees /*cp: the model's*/) {
   return std::make_shared<flow_matching::FlowMatchingTask>(
-      job, std::dynamic_pointer_cast<models::WanModel>(std::move(model)), layout);
+      job, as_kind<models::Denoiser>(std::move(model), job), layout);
 }
 
 std::shared_ptr<core::Task> vae_task(const config::JobConfig& job, std::shared_ptr<core::Model> model,
                                      const core::Layout& layout, ContextDegrees /*cp: 1*/) {
-  return std::make_shared<VaeTask>(job, std::dynamic_pointer_cast<models::WanVAE>(std::move(model)), layout);
+  return std::make_shared<VaeTask>(job, as_kind<models::LatentCodec>(std::move(model), job), layout);
 }
 
 // Each task with the kind of model it trains.

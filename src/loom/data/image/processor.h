@@ -56,7 +56,7 @@ class ImageProcessor {
   // preprocessor_config.json, as the family's processor in transformers reads it.
   virtual nlohmann::ordered_json preprocessor_config() const = 0;
   // processor_config.json, the processor class transformers' AutoProcessor makes and its own settings
-  // (InternVL's image_seq_length); null when the family's processor needs no such file.
+  // (e.g. the image tokens per tile); null when the family's processor needs no such file.
   virtual nlohmann::ordered_json processor_config() const = 0;
   // The tokens transformers' processor looks up on the tokenizer by name, e.g. {"context_image_token":
   // "<IMG_CONTEXT>"} (tokenizer_config.json's model_specific_special_tokens); empty for none.

@@ -639,8 +639,8 @@ std::array<char32_t, 256> byte_to_unicode() {
 
 // ---------------------------------------------------------------------------------------------
 // Regex pre-tokenization with RE2. RE2 has no lookahead, so the `\s+(?!\S)|\s+` ending of the GPT-2
-// and Qwen patterns is matched as `\s+` and then given back its last character when something other
-// than whitespace follows, which is what the lookahead alternative would have matched.
+// and later byte-level patterns is matched as `\s+` and then given back its last character when something
+// other than whitespace follows, which is what the lookahead alternative would have matched.
 
 class RegexSplit {
  public:
@@ -1111,7 +1111,7 @@ BpeTokenizer BpeTokenizer::from_json(const json& root, const std::string& source
                            root.contains("decoder") ? root["decoder"].dump() : "missing"));
   }
   // A TemplateProcessing that adds nothing (the sequence alone, no special tokens) is what transformers
-  // 5 saves for Qwen's tokenizers.
+  // 5 saves for many byte-level BPE tokenizers.
   const auto adds_nothing = [](const json& post) {
     const json single = json::array({{{"Sequence", {{"id", "A"}, {"type_id", 0}}}}});
     return post.contains("single") && post["single"] == single &&

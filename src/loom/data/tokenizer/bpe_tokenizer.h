@@ -1,4 +1,4 @@
-// Byte-level BPE read from a HuggingFace tokenizer.json (Qwen2/Qwen3 and GPT-2 style): added tokens
+// Byte-level BPE read from a HuggingFace tokenizer.json (GPT-2 style and its descendants): added tokens
 // matched first, NFC, regex pre-tokenization, the GPT-2 byte-to-unicode map and merges by rank.
 #pragma once
 #include <cstdint>

@@ -15,6 +15,7 @@
 
 #include "loom/core/layer.h"
 #include "loom/core/model.h"
+#include "loom/models/generator.h"
 #include "loom/models/umt5/config.h"
 #include "loom/nn/module_list.h"
 #include "loom/parallel/tensor.h"
@@ -131,7 +132,7 @@ struct UMT5Context : core::Context {
 //   shared               input ids -> hidden (the embedding, unscaled)
 //   encoder.block.<i>    hidden -> hidden
 //   encoder.final_layer_norm  hidden -> hidden (= forward's result)
-class UMT5EncoderModel : public torch::nn::Module, public core::Model {
+class UMT5EncoderModel : public torch::nn::Module, public TextEncoder {
  public:
   // options.dtype float32 or bfloat16; options.shapes_only builds on the meta device; options.tp must
   // be a single rank (ModelError otherwise). Parameters are uninitialised until loaded.
@@ -145,6 +146,14 @@ class UMT5EncoderModel : public torch::nn::Module, public core::Model {
   // The context the layers read for these inputs (checked as forward checks them).
   std::shared_ptr<const UMT5Context> context(const at::Tensor& input_ids,
                                              const at::Tensor& attention_mask) const;
+
+  // TextEncoder: last_hidden_state.
+  at::Tensor encode(const at::Tensor& input_ids, const at::Tensor& attention_mask) const override {
+    return forward(input_ids, attention_mask);
+  }
+  int64_t width() const override { return config.d_model; }
+  int64_t vocab_size() const override { return config.vocab_size; }
+  int64_t eos_token_id() const override { return config.eos_token_id; }
 
   // core::Model
   torch::nn::Module& module() override { return *this; }

@@ -223,6 +223,30 @@ std::shared_ptr<const WanContext> WanModel::sharded_context(const at::Tensor& la
   return wan_context(config, latents, timesteps, text, &context_parallel);
 }
 
+std::shared_ptr<const DenoiserContext> WanModel::context(const at::Tensor& latents,
+                                                         const at::Tensor& timesteps, const at::Tensor& text,
+                                                         bool sharded) const {
+  return sharded ? sharded_context(latents, timesteps, text) : context(latents, timesteps, text);
+}
+
+at::Tensor WanModel::output_tokens(const at::Tensor& target) const {
+  return head_tokens(target, config.patch_size);
+}
+
+at::Tensor WanModel::text_batch(const std::vector<at::Tensor>& captions) const {
+  return pad_text(captions, config.text_len);
+}
+
+std::array<int64_t, 3> WanModel::patch_size() const { return config.patch_size; }
+
+int64_t WanModel::tokens(const at::Tensor& latents) const {
+  return latent_grid(latents, config.patch_size).tokens();
+}
+
+double WanModel::training_flops(const at::Tensor& latents) const {
+  return training_flops(latent_grid(latents, config.patch_size), latents.size(0));
+}
+
 at::Tensor WanModel::forward(const at::Tensor& latents, const at::Tensor& timesteps,
                              const at::Tensor& text) const {
   const auto c = context(latents, timesteps, text);

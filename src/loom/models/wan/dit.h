@@ -20,6 +20,7 @@
 
 #include "loom/core/layer.h"
 #include "loom/core/model.h"
+#include "loom/models/generator.h"
 #include "loom/models/wan/config.h"
 #include "loom/models/wan/ops.h"
 #include "loom/nn/module_list.h"
@@ -143,7 +144,7 @@ class WanHead : public torch::nn::Module {
 
 // As layers (models/wan/layers.h): time_embedding, time_projection, text_embedding, patch_embedding,
 // blocks.{i}, head.
-class WanModel : public torch::nn::Module, public core::Model {
+class WanModel : public torch::nn::Module, public Denoiser {
  public:
   // options.dtype float32 or bfloat16; options.shapes_only builds on the meta device; options.tp the
   // tensor-parallel group (num_heads and ffn_dim divisible by its size, no sequence parallelism:
@@ -153,7 +154,8 @@ class WanModel : public torch::nn::Module, public core::Model {
   // latents [B, C_in, T, H, W] (x_t), timesteps [B] (t = 1000 sigma; any numeric dtype), text
   // [B, L_text <= text_len, text_dim] with zero rows past each prompt (padded here to text_len) ->
   // velocity [B, C_out, T, H, W] float32. The same arithmetic as running layers() over context().
-  at::Tensor forward(const at::Tensor& latents, const at::Tensor& timesteps, const at::Tensor& text) const;
+  at::Tensor forward(const at::Tensor& latents, const at::Tensor& timesteps,
+                     const at::Tensor& text) const override;
   // Training FLOPs (forward and backward, 3 x the forward's multiply-adds x 2) of `batch` samples of
   // this token grid: every linear of the blocks, the self-attention's scores and values over the grid's
   // tokens, the cross-attention's over text_len rows, the patch embedding, head and text embedding.
@@ -166,6 +168,22 @@ class WanModel : public torch::nn::Module, public core::Model {
   // shard.scatter_rows gives their targets); otherwise context().
   std::shared_ptr<const WanContext> sharded_context(const at::Tensor& latents, const at::Tensor& timesteps,
                                                     const at::Tensor& text) const;
+
+  // Denoiser
+  std::shared_ptr<const DenoiserContext> context(const at::Tensor& latents, const at::Tensor& timesteps,
+                                                 const at::Tensor& text, bool sharded) const override;
+  // Patch tokens [B, L, pt ph pw C_out] (ops.h head_tokens).
+  at::Tensor output_tokens(const at::Tensor& target) const override;
+  // Zero rows past each caption, to text_len (pad_text).
+  at::Tensor text_batch(const std::vector<at::Tensor>& captions) const override;
+  int64_t in_channels() const override { return config.in_dim; }
+  int64_t out_channels() const override { return config.out_dim; }
+  int64_t text_dim() const override { return config.text_dim; }
+  int64_t text_len() const override { return config.text_len; }
+  std::array<int64_t, 3> patch_size() const override;
+  int64_t tokens(const at::Tensor& latents) const override;
+  double training_flops(const at::Tensor& latents) const override;
+  at::TensorOptions input_options() const override { return patch_embedding->weight.options(); }
 
   // core::Model
   torch::nn::Module& module() override { return *this; }

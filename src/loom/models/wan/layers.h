@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "loom/core/layer.h"
+#include "loom/models/generator.h"
 #include "loom/models/wan/config.h"
 #include "loom/models/wan/ops.h"
 #include "loom/parallel/context/shard.h"
@@ -28,7 +29,7 @@ class WanModel;
 
 // What every layer of one micro-batch reads, built once before the first layer. One latent shape per
 // micro-batch (bucket samples by latent shape): no token padding, no attention mask.
-struct WanContext : core::Context {
+struct WanContext : DenoiserContext {
   at::Tensor latents;    // [B, C_in, T, H, W], x_t
   at::Tensor timesteps;  // [B] float64, the caller's values (Wan casts them to float64 for the sinusoid)
   at::Tensor text;       // [B, text_len, text_dim], zero rows past each prompt
@@ -37,7 +38,6 @@ struct WanContext : core::Context {
   std::vector<int64_t> self_cu;   // {0, L, 2L, ..., B L}: one self-attention segment per sample
   // Context parallelism (shard.enabled()): this rank's positions of every sample's tokens (the rope
   // tables are theirs), and how the self-attention runs over them.
-  parallel::ContextShard shard;
   parallel::ContextAttention self_attention;
 };
 

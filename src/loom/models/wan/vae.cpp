@@ -508,6 +508,16 @@ nlohmann::json WanVAE::hf_config() const {
   return hf;
 }
 
+nlohmann::json WanVAE::hf_config_with_latent_statistics(const std::vector<double>& mean,
+                                                        const std::vector<double>& std) const {
+  WanVaeConfig with = config;
+  with.latents_mean = mean;
+  with.latents_std = std;
+  nlohmann::json hf = to_hf_config(with);
+  hf["torch_dtype"] = checkpoint::hf_torch_dtype(conv1->weight.scalar_type());
+  return hf;
+}
+
 namespace {
 
 bool ends_with(const std::string& s, const std::string& suffix) {

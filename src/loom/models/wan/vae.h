@@ -30,6 +30,7 @@
 
 #include "loom/core/layer.h"
 #include "loom/core/model.h"
+#include "loom/models/generator.h"
 #include "loom/models/wan/vae_config.h"
 #include "loom/parallel/tensor.h"
 
@@ -173,17 +174,8 @@ class Decoder3d : public torch::nn::Module {
 
 }  // namespace wan_vae
 
-// What the layers of one micro-batch read (task vae).
-struct WanVaeContext : core::Context {
-  at::Tensor video;  // [B, 3, T, H, W] in [-1, 1], T = 1 + 4k
-  at::Tensor noise;  // [B, z, T', h, w] N(0, I) draws for the posterior sample; undefined: use mu
-};
-
-// The encoder's posterior, raw (not normalised by the latent statistics).
-struct VaeEncoding {
-  at::Tensor mu;       // [B, z, T_lat, H/8, W/8]
-  at::Tensor log_var;  // [B, z, T_lat, H/8, W/8]
-};
+// What the layers of one micro-batch read (task vae): the clips (T = 1 + 4k) and the posterior's draws.
+using WanVaeContext = LatentCodecContext;
 
 // Intermediates a pass may record, for comparing against upstream's.
 struct WanVaeTrace {
@@ -191,7 +183,7 @@ struct WanVaeTrace {
   at::Tensor decoder_input;   // decode: conv2(latents) [B, z, T_lat, h, w]
 };
 
-class WanVAE : public torch::nn::Module, public core::Model {
+class WanVAE : public torch::nn::Module, public LatentCodec {
  public:
   // options.dtype float32 or bfloat16; options.shapes_only builds on the meta device; options.tp must
   // be a single rank (ModelError otherwise). Parameters are uninitialised until loaded or initialised.
@@ -221,6 +213,28 @@ class WanVAE : public torch::nn::Module, public core::Model {
   // A draw from the posterior: mu + exp(0.5 * clamp(log_var, -30, 20)) * noise, noise ~ N(0, I) of
   // mu's shape, drawn by the caller (seeded per sample).
   static at::Tensor reparameterize(const VaeEncoding& encoding, const at::Tensor& noise);
+
+  // LatentCodec
+  VaeEncoding encode_clips(const at::Tensor& video, bool chunked) const override {
+    return encode(video, chunked);
+  }
+  at::Tensor decode_latents(const at::Tensor& latents, bool chunked) const override {
+    return decode(latents, chunked);
+  }
+  std::vector<double> latents_mean() const override { return config.latents_mean; }
+  std::vector<double> latents_std() const override { return config.latents_std; }
+  // config.json (to_hf_config) with these statistics, torch_dtype the weights' dtype.
+  nlohmann::json hf_config_with_latent_statistics(const std::vector<double>& mean,
+                                                  const std::vector<double>& std) const override;
+  int64_t latent_channels() const override { return config.z_dim; }
+  int64_t spatial_factor() const override { return config.spatial_factor(); }
+  bool encodes_frames(int64_t frames) const override {
+    return frames >= 1 && WanVaeConfig::encoded_frames(frames) == frames;
+  }
+  const char* frames_rule() const override { return "1 + 4k frames (5, 9, 13, ...)"; }
+  int64_t latent_frames(int64_t frames) const override { return config.latent_frames(frames); }
+  int64_t video_frames(int64_t latent_frames) const override { return config.video_frames(latent_frames); }
+  at::TensorOptions input_options() const override { return conv1->weight.options(); }
 
   // core::Model
   torch::nn::Module& module() override { return *this; }

@@ -1,13 +1,12 @@
-// Cutting a model's layers into pipeline stages. A model's layers come in towers (Qwen2-VL: the
-// vision tower `visual` then the LLM `llm`; the Wan DiT: `dit`), each a run of repeated blocks with
-// a few other layers around them (patch embedding, merger, token embedding, final norm). A stage is
-// a contiguous run of layers: model.pipeline_layers gives, per tower, how many of its blocks each
-// global stage holds (MindSpeed MM's per-tower lists); a layer that is not a block goes with its
-// tower's nearest block: before the tower's first block, with that block (the token embedding and
-// the image scatter go to the first stage holding LLM blocks), otherwise with the block before it
-// (the merger with the last vision block, the final norm with the last LLM block). Without lists,
-// the blocks are split into contiguous runs whose largest estimated cost (parameter count) is the
-// least possible.
+// Cutting a model's layers into pipeline stages. A model's layers come in towers (a vision-language
+// model: its vision tower, e.g. `visual`, then the LLM `llm`; a DiT: `dit`), each a run of repeated blocks
+// with a few other layers around them (patch embedding, merger, token embedding, final norm). A stage is a
+// contiguous run of layers: model.pipeline_layers gives, per tower, how many of its blocks each global stage
+// holds (MindSpeed MM's per-tower lists); a layer that is not a block goes with its tower's nearest block:
+// before the tower's first block, with that block (the token embedding and the image scatter go to the first
+// stage holding LLM blocks), otherwise with the block before it (the merger with the last vision block, the
+// final norm with the last LLM block). Without lists, the blocks are split into contiguous runs whose largest
+// estimated cost (parameter count) is the least possible.
 #pragma once
 #include <cstddef>
 #include <cstdint>

@@ -10,7 +10,6 @@
 
 #include "loom/checkpoint/checkpoint_dir.h"
 #include "loom/models/registry.h"
-#include "loom/models/wan/config.h"
 #include "loom/models/weights.h"
 #include "loom/tasks/flow_matching/task.h"
 #include "loom/tasks/video/clips.h"
@@ -92,10 +91,11 @@ std::vector<std::vector<double>> tensor_rows(const at::Tensor& t) {
 }  // namespace
 
 std::string extract_features(const config::JobConfig& job, const std::string& out, int64_t samples) {
-  if (job.training.task != "flow_matching" || job.model.family != "wan")
+  if (job.training.task != "flow_matching" ||
+      models::family_named(job.model.family).kind != models::ModelKind::denoiser)
     throw ConfigError(
-        fmt::format("extract-features takes a flow_matching job's config (training.task flow_matching, "
-                    "model.family wan), not a {} job's {}",
+        fmt::format("extract-features takes a flow_matching job's config (training.task flow_matching, a "
+                    "denoiser's model.family), not a {} job's {}",
                     job.training.task, job.model.family));
   if (samples < 0) throw ConfigError(fmt::format("--samples: must be >= 0, got {}", samples));
   const std::string& out_dir = out.empty() ? job.data.features : out;
@@ -108,10 +108,9 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   if (error) throw DataError(fmt::format("cannot create {}: {}", out_dir, error.message()));
 
   const uint64_t seed = static_cast<uint64_t>(job.training.seed);
-  const models::NamedConfig named = models::job_hf_config(job);
-  const models::WanConfig dit = models::parse_wan_config(named.hf, named.source);
+  const auto dit = models::as_interface<models::Denoiser>(models::job_model_shapes(job), "model.family");
   const VideoClips clips(job.data, models::derive_seed(seed, "data"));  // the stream a training job walks
-  const FlowHelpers helpers = load_flow_helpers(job, dit, clips.builtin_tokenizer());
+  const FlowHelpers helpers = load_flow_helpers(job, *dit, clips.builtin_tokenizer());
   if (samples == 0)
     samples = std::min(clips.train_size(), job.training.steps * job.training.global_batch_size);
   const int64_t batch = job.training.micro_batch_size;
@@ -163,14 +162,14 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   // Held-out captions in the order of the rows: shards of one shape each, in the order written.
   json train_shards = train.finish(), eval_shards = held_out.finish();
   for (int64_t source : held_out.written_sources()) captions.push_back(clips.eval_caption(source));
-  const auto& vae = helpers.vae->config;
+  const models::LatentCodec& vae = *helpers.vae;
   json index = {{"format", kFormat},
                 {"version", 1},
                 {"frames", clips.frames()},
                 {"video_size", clips.height()},
-                {"z_dim", vae.z_dim},
-                {"latents_mean", vae.latents_mean},
-                {"latents_std", vae.latents_std},
+                {"z_dim", vae.latent_channels()},
+                {"latents_mean", vae.latents_mean()},
+                {"latents_std", vae.latents_std()},
                 {"text_dim", helpers.captions->width()},
                 {"dataset", job.data.dataset},
                 {"fps", job.data.fps},
@@ -251,10 +250,11 @@ FeatureSet::FeatureSet(const std::string& dir) : dir_(dir) {
                                 eval_captions_.size(), eval_.size()));
 }
 
-void FeatureSet::check_helpers(const models::WanVaeConfig& vae, const std::string& vae_key,
+void FeatureSet::check_helpers(const models::LatentCodec& vae, const std::string& vae_key,
                                const CaptionEncoder& captions, const std::string& text_key) const {
   const int64_t text_dim = captions.width();
-  if (vae.z_dim != z_dim_ || vae.latents_mean != latents_mean_ || vae.latents_std != latents_std_)
+  if (vae.latent_channels() != z_dim_ || vae.latents_mean() != latents_mean_ ||
+      vae.latents_std() != latents_std_)
     throw ConfigError(
         fmt::format("{}: the features in {} were made by another VAE (other latent channels or "
                     "statistics); sampling would decode latents it did not make",

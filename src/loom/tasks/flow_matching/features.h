@@ -21,7 +21,7 @@
 
 #include "loom/checkpoint/safetensors.h"
 #include "loom/config/config.h"
-#include "loom/models/wan/vae_config.h"
+#include "loom/models/generator.h"
 #include "loom/tasks/flow_matching/text_encoder.h"
 
 namespace loom::tasks::flow_matching {
@@ -46,9 +46,9 @@ class FeatureSet {
   // disagree with it.
   explicit FeatureSet(const std::string& dir);
 
-  // ConfigError naming `vae_key` / `text_key` when the features were made by a VAE of other latent
+  // ConfigError naming `vae_key` / `text_key` when the features were made by a codec of other latent
   // statistics or channels, or by another text encoder (its features of the empty caption differ).
-  void check_helpers(const models::WanVaeConfig& vae, const std::string& vae_key,
+  void check_helpers(const models::LatentCodec& vae, const std::string& vae_key,
                      const CaptionEncoder& captions, const std::string& text_key) const;
   // ConfigError naming the key where the job's data section (dataset, video_size, frames, fps) is not
   // the one the features were extracted from.

@@ -8,7 +8,6 @@
 #include "loom/data/image/decode.h"
 #include "loom/data/video/gif_writer.h"
 #include "loom/data/video/mp4_writer.h"
-#include "loom/models/wan/layers.h"
 #include "loom/tasks/video/clips.h"
 #include "loom/util/errors.h"
 
@@ -16,14 +15,13 @@ namespace loom::tasks::flow_matching {
 
 namespace fs = std::filesystem;
 
-std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::WanVAE& vae,
+std::vector<int64_t> latent_shape(const models::Denoiser& dit, const models::LatentCodec& vae,
                                   const GenerationSettings& s) {
-  const auto& c = vae.config;
-  const auto& patch = dit.config.patch_size;
-  const int64_t spatial = c.spatial_factor();
-  if (s.frames < 1 || models::WanVaeConfig::encoded_frames(s.frames) != s.frames)
-    throw ConfigError(fmt::format("frames: a Wan VAE makes 1 + 4k frames (5, 9, 13, ...), not {}", s.frames));
-  const int64_t latent_frames = c.latent_frames(s.frames);
+  const auto patch = dit.patch_size();
+  const int64_t spatial = vae.spatial_factor();
+  if (!vae.encodes_frames(s.frames))
+    throw ConfigError(fmt::format("frames: the latent codec makes {}, not {}", vae.frames_rule(), s.frames));
+  const int64_t latent_frames = vae.latent_frames(s.frames);
   if (latent_frames % patch[0] != 0)
     throw ConfigError(
         fmt::format("frames: {} frames are {} latent frames, not a multiple of the DiT's patch {}", s.frames,
@@ -33,16 +31,16 @@ std::vector<int64_t> latent_shape(const models::WanModel& dit, const models::Wan
       throw ConfigError(
           fmt::format("{}: must be a multiple of {} (the VAE's {} x the DiT's patch {}), got {}", name,
                       spatial * p, spatial, p, side));
-  return {c.z_dim, latent_frames, s.height / spatial, s.width / spatial};
+  return {vae.latent_channels(), latent_frames, s.height / spatial, s.width / spatial};
 }
 
-at::Tensor encode_latents(const models::WanVAE& vae, const at::Tensor& video) {
+at::Tensor encode_latents(const models::LatentCodec& vae, const at::Tensor& video) {
   at::NoGradGuard no_grad;
-  const at::Tensor mu = vae.encode(video.to(vae.conv1->weight.scalar_type()), /*chunked=*/false).mu;
+  const at::Tensor mu = vae.encode_clips(video.to(vae.input_options().dtype()), /*chunked=*/false).mu;
   return vae.normalize_latents(mu).to(at::kFloat);
 }
 
-at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& vae,
+at::Tensor generate_videos(const models::Denoiser& dit, const models::LatentCodec& vae,
                            const CaptionEncoder& captions, const std::vector<std::string>& texts,
                            const std::vector<uint64_t>& seeds, const GenerationSettings& settings) {
   if (texts.size() != seeds.size() || texts.empty())
@@ -51,7 +49,7 @@ at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& va
   const std::vector<int64_t> shape = latent_shape(dit, vae, settings);
   at::NoGradGuard no_grad;
   const at::Tensor unconditional = captions.encode({""})[0];
-  const auto& weight = dit.patch_embedding->weight;
+  const at::TensorOptions inputs = dit.input_options();
   std::vector<at::Tensor> videos;
   for (size_t i = 0; i < texts.size(); ++i) {
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seeds[i]);
@@ -59,17 +57,17 @@ at::Tensor generate_videos(const models::WanModel& dit, const models::WanVAE& va
     const bool guide = settings.guidance != 1.0;
     std::vector<at::Tensor> rows = captions.encode({texts[i]});
     if (guide) rows.push_back(unconditional);
-    const at::Tensor text = models::pad_text(rows, dit.config.text_len).to(weight.device());
+    const at::Tensor text = dit.text_batch(rows).to(inputs.device());
     auto velocity = [&](const at::Tensor& x, double timestep) {
       const int64_t batch = guide ? 2 : 1;
-      const at::Tensor latents = x.expand({batch, -1, -1, -1, -1}).to(weight.device(), weight.scalar_type());
+      const at::Tensor latents = x.expand({batch, -1, -1, -1, -1}).to(inputs.device(), inputs.dtype());
       const at::Tensor t = at::full({batch}, timestep, at::kDouble);
       const at::Tensor v = dit.forward(latents, t, text).to(at::kFloat).cpu();  // [batch, z, T', h, w]
       return guide ? guided(v.narrow(0, 1, 1), v.narrow(0, 0, 1), settings.guidance) : v;
     };
     const at::Tensor latents = sample(velocity, noise, settings.sampling);
-    const at::Tensor raw = vae.denormalize_latents(latents.to(vae.conv2->weight.scalar_type()));
-    videos.push_back(vae.decode(raw, /*chunked=*/true).to(at::kFloat).cpu().clamp(-1.0, 1.0));
+    const at::Tensor raw = vae.denormalize_latents(latents.to(vae.input_options().dtype()));
+    videos.push_back(vae.decode_latents(raw, /*chunked=*/true).to(at::kFloat).cpu().clamp(-1.0, 1.0));
   }
   return at::cat(videos);
 }

@@ -1,6 +1,7 @@
-// Wan2.1's samplers for the flow ODE dx/dsigma = v(x, sigma) from noise (sigma ~ 1) to data (sigma = 0):
-// the step schedules and DiT timesteps of its dpm++ and unipc paths, Euler, DPM-Solver++(2M) and UniPC
-// (bh2), classifier-free guidance, and the whole loop around a velocity model (loom generate's video path).
+// The reference text-to-video pipeline's samplers (docs/models.md) for the flow ODE dx/dsigma = v(x, sigma)
+// from noise (sigma ~ 1) to data (sigma = 0): the step schedules and DiT timesteps of its dpm++ and unipc
+// paths, Euler, DPM-Solver++(2M) and UniPC (bh2), classifier-free guidance, and the whole loop around a
+// velocity model (loom generate's video path).
 #pragma once
 #include <ATen/ATen.h>
 
@@ -14,16 +15,16 @@ namespace loom::tasks::flow_matching {
 enum class Solver {
   euler,     // x <- x + (sigma_t - sigma_s) v; first order, on the dpm++ schedule
   dpmpp_2m,  // "dpm++": DPM-Solver++(2M), multistep, second order (Lu et al. 2022)
-  unipc,     // "unipc": UniPC bh2, predictor + corrector of order 2 (Zhao et al. 2023); Wan's default
+  unipc,  // "unipc": UniPC bh2, predictor + corrector of order 2 (Zhao et al. 2023); the reference's default
 };
 
-// "euler" | "dpm++" | "unipc" (Wan's --sample_solver names, plus euler); ConfigError naming `option`
-// and the valid names.
+// "euler" | "dpm++" | "unipc" (the reference's --sample_solver names, plus euler); ConfigError naming
+// `option` and the valid names.
 Solver parse_solver(const std::string& name, const std::string& option = "--solver");
 std::string solver_name(Solver solver);
 
 // The noise levels of a run of `steps` steps, steps + 1 values from sigma_0 down to sigma_steps = 0,
-// exactly as Wan's schedulers hold them (float32 values, returned as double):
+// exactly as the reference's schedulers hold them (float32 values, returned as double):
 //   dpm++ and euler: shift_sigma(linspace(1, 0, steps + 1)[:steps], shift), then 0; sigma_0 = 1.
 //   unipc: shift_sigma(linspace(sigma_max, 0, steps + 1)[:steps], shift), then 0, where
 //     sigma_max = float32(1 - 1/1000) = 0.99900001287... is the first noise level of the 1000-step
@@ -88,7 +89,7 @@ class FlowSolver {
 // unconditional, conditional [...] (the same shape) -> [...]. g = 1 gives v_c, g = 0 gives v_u.
 at::Tensor guided(const at::Tensor& unconditional, const at::Tensor& conditional, double guidance);
 
-// Wan's defaults (generate.py): 50 steps, shift 5, unipc.
+// The reference's defaults (generate.py): 50 steps, shift 5, unipc.
 struct SamplingOptions {
   int64_t steps = 50;             // >= 1
   double shift = 5.0;             // > 0

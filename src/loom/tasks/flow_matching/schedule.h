@@ -1,6 +1,7 @@
-// Flow matching's training side as Wan2.1 defines it: the shifted noise level sigma of a sample, the
-// noised latent x_t = (1 - sigma) x0 + sigma eps, the velocity target eps - x0 and the DiT's timestep.
-// sigma = 0 is data, sigma = 1 is noise; the samplers (sampler.h) integrate from 1 down to 0.
+// Flow matching's training side as the reference text-to-video code defines it (docs/models.md): the shifted
+// noise level sigma of a sample, the noised latent x_t = (1 - sigma) x0 + sigma eps, the velocity target eps
+// - x0 and the DiT's timestep. sigma = 0 is data, sigma = 1 is noise; the samplers (sampler.h) integrate from
+// 1 down to 0.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -10,9 +11,9 @@
 
 namespace loom::tasks::flow_matching {
 
-// Wan's timestep shift s' = shift*s / (1 + (shift-1)*s) (wan/utils/fm_solvers.py get_sampling_sigmas
-// and set_timesteps): a bijection of [0, 1] fixing 0 and 1, the identity for shift 1; shift > 1
-// moves training draws and sampling steps towards noise, where large latents need more of them.
+// The timestep shift s' = shift*s / (1 + (shift-1)*s) (the reference's utils/fm_solvers.py
+// get_sampling_sigmas and set_timesteps): a bijection of [0, 1] fixing 0 and 1, the identity for shift 1;
+// shift > 1 moves training draws and sampling steps towards noise, where large latents need more of them.
 // ConfigError unless shift > 0 and finite.
 double shift_sigma(double s, double shift);
 
@@ -23,7 +24,7 @@ struct TimestepSampling {
   Kind kind = uniform;
   double mean = 0;   // logit_normal only: training.logit_mean
   double std = 1;    // logit_normal only: training.logit_std, > 0
-  double shift = 1;  // training.flow_shift, > 0 (Wan samples with 5)
+  double shift = 1;  // training.flow_shift, > 0 (the reference samples with 5)
 };
 
 // "uniform" | "logit_normal"; ConfigError naming training.timestep_sampling and the valid names.
@@ -48,8 +49,8 @@ at::Tensor noised(const at::Tensor& x0, const at::Tensor& eps, const at::Tensor&
 // What the DiT learns to predict: d x_t / d sigma = eps - x0. x0, eps [B, ...] -> [B, ...].
 at::Tensor velocity_target(const at::Tensor& x0, const at::Tensor& eps);
 
-// The timestep the DiT is given in training: 1000 sigma, not rounded (Wan's num_train_timesteps is
-// 1000; its sampler gives the DiT whole numbers instead, see sampling_timesteps in sampler.h).
+// The timestep the DiT is given in training: 1000 sigma, not rounded (the reference's num_train_timesteps
+// is 1000; its sampler gives the DiT whole numbers instead, see sampling_timesteps in sampler.h).
 double timestep_of(double sigma);
 
 }  // namespace loom::tasks::flow_matching

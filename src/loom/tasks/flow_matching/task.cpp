@@ -4,8 +4,7 @@
 #include <fmt/format.h>
 
 #include "loom/checkpoint/checkpoint_dir.h"
-#include "loom/models/wan/layers.h"
-#include "loom/models/wan/ops.h"
+#include "loom/models/registry.h"
 #include "loom/models/weights.h"
 #include "loom/tasks/flow_matching/schedule.h"
 #include "loom/util/errors.h"
@@ -21,43 +20,38 @@ constexpr double kFps = 8;  // sampled clips play at this rate
 
 }  // namespace
 
-FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::Denoiser& dit,
                               std::shared_ptr<const data::Tokenizer> builtin_tokenizer,
                               const at::Device& device) {
   FlowHelpers helpers;
-  std::string vae_dir;  // "": an inline config, its weights drawn from the seed
-  if (!job.model.vae.empty()) {
-    vae_dir = checkpoint::resolve_model_directory(job.model.vae);
-    helpers.vae = std::make_shared<models::WanVAE>(models::wan_vae_config_from_dir(vae_dir));
-    models::load_parameters(*helpers.vae, vae_dir);
-  } else {
-    helpers.vae =
-        std::make_shared<models::WanVAE>(models::parse_wan_vae_config(job.model.vae_config, "model.vae"));
-    models::init_wan_vae_parameters(*helpers.vae, models::derive_seed(job.training.seed, "vae"));
-    vae_dir = "the inline config";
-  }
-  helpers.vae->eval();
-  for (auto& p : helpers.vae->parameters()) p.set_requires_grad(false);
-  const auto& vae = helpers.vae->config;
-  if (!vae.has_latent_scale())
+  // "": an inline config, its weights drawn from the seed
+  const std::string vae_dir = job.model.vae.empty() ? "" : checkpoint::resolve_model_directory(job.model.vae);
+  helpers.vae = models::as_interface<models::LatentCodec>(
+      models::load_frozen_model(models::ModelKind::latent_codec, "model.vae", vae_dir, job.model.vae_config,
+                                models::derive_seed(job.training.seed, "vae")),
+      "model.vae");
+  const std::string vae_name = vae_dir.empty() ? "the inline config" : vae_dir;
+  if (helpers.vae->latents_mean().empty())
     throw ConfigError(
         fmt::format("model.vae: {} has no latents_mean / latents_std (a vae job's checkpoints carry them; "
-                    "an inline config of z_dim 16 takes Wan2.1's)",
-                    vae_dir));
-  if (vae.z_dim != dit.in_dim || vae.z_dim != dit.out_dim)
+                    "an inline config takes its family's published ones where there are any)",
+                    vae_name));
+  const int64_t z = helpers.vae->latent_channels();
+  if (z != dit.in_channels() || z != dit.out_channels())
     throw ConfigError(fmt::format("model.vae: {} makes latents of {} channels; the DiT takes {} and gives {}",
-                                  vae_dir, vae.z_dim, dit.in_dim, dit.out_dim));
-  helpers.captions = std::make_shared<CaptionEncoder>(
-      job.model, models::derive_seed(job.training.seed, "text"), std::move(builtin_tokenizer), dit.text_len);
-  if (helpers.captions->width() != dit.text_dim)
+                                  vae_name, z, dit.in_channels(), dit.out_channels()));
+  helpers.captions =
+      std::make_shared<CaptionEncoder>(job.model, models::derive_seed(job.training.seed, "text"),
+                                       std::move(builtin_tokenizer), dit.text_len());
+  if (helpers.captions->width() != dit.text_dim())
     throw ConfigError(fmt::format("model.text_encoder: its features are {} wide; the DiT's text_dim is {}",
-                                  helpers.captions->width(), dit.text_dim));
-  helpers.vae->to(device);
+                                  helpers.captions->width(), dit.text_dim()));
+  helpers.vae->module().to(device);
   helpers.captions->to(device);
   return helpers;
 }
 
-FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::WanModel> model,
+FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::Denoiser> model,
                                    const core::Layout& layout)
     : job_(job), model_(std::move(model)), layout_(layout), seed_(static_cast<uint64_t>(job.training.seed)) {
   std::shared_ptr<const data::Tokenizer> builtin;
@@ -70,9 +64,9 @@ FlowMatchingTask::FlowMatchingTask(const config::JobConfig& job, std::shared_ptr
     clips_ = std::make_shared<VideoClips>(job.data, models::derive_seed(seed_, "data"));
     builtin = clips_->builtin_tokenizer();
   }
-  helpers_ = load_flow_helpers(job, model_->config, builtin, layout.device);
+  helpers_ = load_flow_helpers(job, *model_, builtin, layout.device);
   if (features_)
-    features_->check_helpers(helpers_.vae->config, "model.vae", *helpers_.captions, "model.text_encoder");
+    features_->check_helpers(*helpers_.vae, "model.vae", *helpers_.captions, "model.text_encoder");
   const auto& t = job.training;
   generation_.frames = features_ ? features_->frames() : clips_->frames();
   generation_.height = generation_.width = features_ ? features_->video_size() : clips_->height();
@@ -153,12 +147,12 @@ int64_t FlowMatchingTask::feature_row(int64_t index) const {
 
 int64_t FlowMatchingTask::train_frames(int64_t index) const {
   if (!features_) return clips_->train_frames(index);
-  return helpers_.vae->config.video_frames(features_->train_latent_frames(feature_row(index)));
+  return helpers_.vae->video_frames(features_->train_latent_frames(feature_row(index)));
 }
 
 int64_t FlowMatchingTask::eval_frames(int64_t index) const {
   if (!features_) return clips_->eval_frames(index);
-  return helpers_.vae->config.video_frames(features_->eval_latent_frames(index));
+  return helpers_.vae->video_frames(features_->eval_latent_frames(index));
 }
 
 core::StepData FlowMatchingTask::step_data(int64_t step) const {
@@ -194,7 +188,7 @@ std::vector<std::pair<std::string, at::Tensor>> FlowMatchingTask::export_step(in
 }
 
 std::pair<at::Tensor, at::Tensor> FlowMatchingTask::latents_and_text(const FlowMicroBatch& batch) const {
-  if (batch.x0.defined()) return {batch.x0, models::pad_text(batch.text, model_->config.text_len)};
+  if (batch.x0.defined()) return {batch.x0, model_->text_batch(batch.text)};
   return encode(batch.video, batch.captions);
 }
 
@@ -202,7 +196,7 @@ std::pair<at::Tensor, at::Tensor> FlowMatchingTask::encode(const at::Tensor& vid
                                                            const std::vector<std::string>& captions) const {
   at::NoGradGuard no_grad;
   const at::Tensor x0 = encode_latents(*helpers_.vae, video);  // [B, z, T', h, w]
-  const at::Tensor text = models::pad_text(helpers_.captions->encode(captions), model_->config.text_len);
+  const at::Tensor text = model_->text_batch(helpers_.captions->encode(captions));
   return {x0, text};
 }
 
@@ -210,21 +204,19 @@ at::Tensor FlowMatchingTask::velocity_error(const at::Tensor& x0, const at::Tens
                                             const at::Tensor& sigma, const at::Tensor& noise,
                                             const core::Stage& stage, core::Carry input, core::Carry* output,
                                             bool sharded) const {
-  const auto& weight = model_->patch_embedding->weight;
-  const at::Device device = weight.device();
+  const at::TensorOptions inputs = model_->input_options();
+  const at::Device device = inputs.device();
   const at::Tensor s = sigma.to(device, at::kFloat);
   const at::Tensor xt = noised(x0.to(device), noise.to(device), s);
-  const at::Tensor latents = xt.to(weight.scalar_type()), timesteps = sigma.to(device) * 1000.0,
-                   words = text.to(device, weight.scalar_type());
-  const auto context = sharded ? model_->sharded_context(latents, timesteps, words)
-                               : model_->context(latents, timesteps, words);
+  const at::Tensor latents = xt.to(inputs.dtype()), timesteps = sigma.to(device) * 1000.0,
+                   words = text.to(device, inputs.dtype());
+  const auto context = model_->context(latents, timesteps, words, sharded);
   core::Carry carry = stage.forward(std::move(input), context);
   if (!stage.last) {
     *output = std::move(carry);
     return {};
   }
-  const at::Tensor target =
-      models::head_tokens(velocity_target(x0.to(device), noise.to(device)), model_->config.patch_size);
+  const at::Tensor target = model_->output_tokens(velocity_target(x0.to(device), noise.to(device)));
   const at::Tensor predicted = carry.get("hidden").to(at::kFloat);
   if (!context->shard.enabled()) return (predicted - target).pow(2).sum();
   // Context parallelism: this rank's positions of every sample, its padding left out.
@@ -242,10 +234,9 @@ core::ForwardResult FlowMatchingTask::forward(const core::MicroBatch& micro, con
   out.loss_sum = velocity_error(x0, text, batch.sigma, batch.noise, stage, std::move(input), &out.output,
                                 /*sharded=*/true);
   const int64_t batch_size = x0.size(0);
-  const models::WanGrid grid = models::latent_grid(x0, model_->config.patch_size);
   out.samples = batch_size;
-  out.tokens = batch_size * grid.tokens();
-  out.flops = model_->training_flops(grid, batch_size);
+  out.tokens = batch_size * model_->tokens(x0);
+  out.flops = model_->training_flops(x0);
   return out;
 }
 
@@ -279,9 +270,8 @@ core::Evaluation FlowMatchingTask::evaluate(int64_t step) {
           models::derive_seed(seed_, fmt::format("flow/eval/{}", i)));
       noises.push_back(at::randn(latent_for(eval_frames(i)), generator, at::kFloat));
     }
-    const auto [x0, text] =
-        features_ ? std::pair{at::stack(latents), models::pad_text(features, model_->config.text_len)}
-                  : encode(at::stack(videos), captions);
+    const auto [x0, text] = features_ ? std::pair{at::stack(latents), model_->text_batch(features)}
+                                      : encode(at::stack(videos), captions);
     const at::Tensor error = velocity_error(x0, text, at::tensor(sigmas, at::kDouble), at::stack(noises),
                                             whole, {}, nullptr, false);
     sums[0] += error.item<double>();

@@ -1,4 +1,5 @@
-// Training a Wan2.1 DiT by flow matching (task: flow_matching): each clip encoded by the frozen VAE to
+// Training a denoiser by flow matching (task: flow_matching): each clip encoded by
+// the frozen latent codec to
 // normalised latents x0, its caption by the frozen text encoder (replaced by the empty caption's with
 // probability training.caption_dropout), a noise level sigma drawn per sample (training.flow_shift,
 // timestep_sampling), x_t = (1 - sigma) x0 + sigma noise, and the loss the squared error of the
@@ -13,8 +14,7 @@
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
 #include "loom/core/task.h"
-#include "loom/models/wan/dit.h"
-#include "loom/models/wan/vae.h"
+#include "loom/models/generator.h"
 #include "loom/tasks/flow_matching/features.h"
 #include "loom/tasks/flow_matching/pipeline.h"
 #include "loom/tasks/flow_matching/schedule.h"
@@ -38,20 +38,20 @@ struct FlowMicroBatch : core::MicroBatch {
   }
 };
 
-// The frozen helpers of a flow-matching job, as model.vae and model.text_encoder name them: the VAE
-// (ConfigError naming model.vae when it lacks a latent scale or disagrees with the DiT's channels) and
-// the caption encoder (its width must be the DiT's text_dim).
+// The frozen helpers of a flow-matching job, as model.vae and model.text_encoder name them: the latent
+// codec (ConfigError naming model.vae when it lacks latent statistics or disagrees with the denoiser's
+// channels) and the caption encoder (its width must be the denoiser's text_dim).
 struct FlowHelpers {
-  std::shared_ptr<models::WanVAE> vae;
+  std::shared_ptr<models::LatentCodec> vae;
   std::shared_ptr<CaptionEncoder> captions;
 };
-FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::WanConfig& dit,
+FlowHelpers load_flow_helpers(const config::JobConfig& job, const models::Denoiser& dit,
                               std::shared_ptr<const data::Tokenizer> builtin_tokenizer,
                               const at::Device& device = at::kCPU);
 
 class FlowMatchingTask : public core::Task {
  public:
-  FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::WanModel> model,
+  FlowMatchingTask(const config::JobConfig& job, std::shared_ptr<models::Denoiser> model,
                    const core::Layout& layout);
 
   core::StepData step_data(int64_t step) const override;
@@ -90,7 +90,7 @@ class FlowMatchingTask : public core::Task {
                             core::Carry* output, bool sharded) const;
 
   config::JobConfig job_;
-  std::shared_ptr<models::WanModel> model_;
+  std::shared_ptr<models::Denoiser> model_;
   core::Layout layout_;
   // What a training sample of the run is: a pre-extracted row, in the order of the features' shards
   // for the first pass and a fresh seeded order for each later one.

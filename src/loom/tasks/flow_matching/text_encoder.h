@@ -1,5 +1,5 @@
-// The frozen text encoder of a flow-matching job: captions to umT5 features, each trimmed to its own
-// tokens as Wan does (the DiT pads them back with zero rows), the most recent kCachedCaptions cached.
+// The frozen text encoder of a flow-matching job: captions to its features, each trimmed to its own
+// tokens (the denoiser pads them back, Denoiser::text_batch), the most recent kCachedCaptions cached.
 #pragma once
 #include <ATen/ATen.h>
 
@@ -12,14 +12,15 @@
 
 #include "loom/config/config.h"
 #include "loom/data/tokenizer/tokenizer.h"
-#include "loom/models/umt5/model.h"
+#include "loom/models/generator.h"
 
 namespace loom::tasks::flow_matching {
 
 class CaptionEncoder {
  public:
-  // model.text_encoder: a umT5 model directory, whose tokenizer (spiece.model or tokenizer.json) sits
-  // beside its weights; or an inline umT5 config, its weights drawn from `seed`, tokenized with
+  // model.text_encoder: a text encoder's model directory (models/registry.h load_frozen_model), whose
+  // tokenizer (spiece.model or tokenizer.json) sits beside its weights; or an inline config (e.g.
+  // a text encoder's config.json fields), its weights drawn from `seed`, tokenized with
   // `builtin` (the built-in set's words; ConfigError naming the key when there is none, or when the
   // config's vocabulary is smaller than the tokenizer's). Captions are cut to `text_len` tokens.
   CaptionEncoder(const config::ModelSection& model, uint64_t seed,
@@ -30,7 +31,7 @@ class CaptionEncoder {
   std::vector<at::Tensor> encode(const std::vector<std::string>& captions) const;
   // Token ids of a caption: its words, then the end token, at most text_len in all.
   std::vector<int64_t> token_ids(const std::string& caption) const;
-  int64_t width() const { return model_->config.d_model; }
+  int64_t width() const { return model_->width(); }
   // Moves the encoder to `device`: features are computed, and kept, there.
   void to(const at::Device& device);
 
@@ -38,7 +39,7 @@ class CaptionEncoder {
   static constexpr size_t kCachedCaptions = 4096;
 
  private:
-  std::shared_ptr<models::UMT5EncoderModel> model_;
+  std::shared_ptr<models::TextEncoder> model_;
   std::shared_ptr<const data::Tokenizer> tokenizer_;
   int64_t text_len_;
   at::Device device_ = at::kCPU;

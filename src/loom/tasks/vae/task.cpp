@@ -18,7 +18,7 @@ constexpr double kFps = 8;  // reconstructed clips play at this rate
 
 }  // namespace
 
-VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model,
+VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::LatentCodec> model,
                  const core::Layout& layout)
     : job_(job),
       model_(std::move(model)),
@@ -29,17 +29,18 @@ VaeTask::VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> m
     throw ConfigError(
         "data.features: is read by task flow_matching only (a VAE trains on the clips themselves)");
   const int64_t frames = clips_.frames();
-  if (models::WanVaeConfig::encoded_frames(frames) != frames)
+  if (!model_->encodes_frames(frames))
     throw ConfigError(
-        fmt::format("data.frames: a Wan VAE encodes 1 + 4k frames (5, 9, 13, ...), got {}", frames));
-  if (clips_.height() % model_->config.spatial_factor() != 0)
-    throw ConfigError(fmt::format("data.video_size: a Wan VAE takes sides that are multiples of {}, got {}",
-                                  model_->config.spatial_factor(), clips_.height()));
+        fmt::format("data.frames: the latent codec encodes {}, got {}", model_->frames_rule(), frames));
+  if (clips_.height() % model_->spatial_factor() != 0)
+    throw ConfigError(
+        fmt::format("data.video_size: the latent codec takes sides that are multiples of {}, got {}",
+                    model_->spatial_factor(), clips_.height()));
 }
 
 std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& indices, bool with_noise,
                                                   int64_t* skipped) const {
-  const auto& c = model_->config;
+  const models::LatentCodec& c = *model_;
   std::vector<at::Tensor> videos, noises;
   for (int64_t i : indices) {
     const std::optional<data::VideoClip> clip = clips_.train(i);
@@ -49,7 +50,7 @@ std::optional<VaeMicroBatch> VaeTask::micro_batch(const std::vector<int64_t>& in
     }
     videos.push_back(video_tensor(*clip));
     if (!with_noise) continue;
-    const std::vector<int64_t> latent = {c.z_dim, c.latent_frames(clip->frames),
+    const std::vector<int64_t> latent = {c.latent_channels(), c.latent_frames(clip->frames),
                                          clip->height / c.spatial_factor(), clip->width / c.spatial_factor()};
     auto generator =
         at::make_generator<at::CPUGeneratorImpl>(models::derive_seed(seed_, fmt::format("vae/noise/{}", i)));
@@ -95,10 +96,10 @@ at::Tensor reconstruction_sum(const at::Tensor& error, const std::string& kind) 
 core::ForwardResult VaeTask::forward(const core::MicroBatch& micro, const core::Stage& stage,
                                      core::Carry input) {
   const auto& batch = static_cast<const VaeMicroBatch&>(micro);
-  auto context = std::make_shared<models::WanVaeContext>();
-  const at::Tensor& weight = model_->conv1->weight;
-  context->video = batch.video.to(weight.device(), weight.scalar_type());
-  context->noise = batch.noise.to(weight.device(), weight.scalar_type());
+  auto context = std::make_shared<models::LatentCodecContext>();
+  const at::TensorOptions inputs = model_->input_options();
+  context->video = batch.video.to(inputs.device(), inputs.dtype());
+  context->noise = batch.noise.to(inputs.device(), inputs.dtype());
   core::ForwardResult out;
   core::Carry carry = stage.forward(std::move(input), context);
   if (stage.last) {
@@ -133,9 +134,9 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
     if (static_cast<int64_t>(index) % ranks != rank) continue;
     std::vector<at::Tensor> videos;
     for (int64_t i : batches[index]) videos.push_back(video_tensor(clips_.eval(i)));
-    models::WanVaeContext context;
-    const at::Tensor& weight = model_->conv1->weight;
-    context.video = at::stack(videos).to(weight.device(), weight.scalar_type());
+    models::LatentCodecContext context;
+    const at::TensorOptions inputs = model_->input_options();
+    context.video = at::stack(videos).to(inputs.device(), inputs.dtype());
     const core::Carry carry = core::run_layers(layers, {}, context);
     const at::Tensor error = carry.get("hidden").to(at::kFloat) - context.video.to(at::kFloat);
     const double squared = error.pow(2).sum().item<double>();
@@ -162,9 +163,9 @@ core::Evaluation VaeTask::evaluate(int64_t step) {
           return nlohmann::json{{"caption", clips_.eval_caption(i)}};
         },
         [&](int64_t i) {
-          models::WanVaeContext context;
-          const at::Tensor& weight = model_->conv1->weight;
-          context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(weight.device(), weight.scalar_type());
+          models::LatentCodecContext context;
+          const at::TensorOptions inputs = model_->input_options();
+          context.video = video_tensor(clips_.eval(i)).unsqueeze(0).to(inputs.device(), inputs.dtype());
           return core::run_layers(layers, {}, context).get("hidden")[0];
         },
         kFps);
@@ -191,19 +192,17 @@ void VaeTask::save_artifacts(const std::string& dir) const {
       const std::optional<VaeMicroBatch> batch = micro_batch(indices, false, &skipped);
       if (!batch) continue;
       taken += batch->video.size(0);
-      const at::Tensor mu = model_->encode(batch->video, /*chunked=*/false).mu.to(at::kDouble);
-      means.push_back(mu.transpose(0, 1).reshape({model_->config.z_dim, -1}));
+      const at::Tensor mu = model_->encode_clips(batch->video, /*chunked=*/false).mu.to(at::kDouble);
+      means.push_back(mu.transpose(0, 1).reshape({model_->latent_channels(), -1}));
     }
     next = end;
   }
   // Per channel, over the clips, frames and positions.
   const at::Tensor all = at::cat(means, 1);
   const at::Tensor mean = all.mean(1).cpu(), deviation = all.std(1).clamp_min(1e-6).cpu();
-  models::WanVaeConfig config = model_->config;
-  config.latents_mean.assign(mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel());
-  config.latents_std.assign(deviation.data_ptr<double>(), deviation.data_ptr<double>() + deviation.numel());
-  nlohmann::json hf = models::to_hf_config(config);
-  hf["torch_dtype"] = model_->hf_config()["torch_dtype"];
+  const nlohmann::json hf = model_->hf_config_with_latent_statistics(
+      {mean.data_ptr<double>(), mean.data_ptr<double>() + mean.numel()},
+      {deviation.data_ptr<double>(), deviation.data_ptr<double>() + deviation.numel()});
   checkpoint::write_text_file_durable(dir + "/config.json", hf.dump(2) + "\n");
 }
 

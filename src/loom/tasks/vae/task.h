@@ -1,5 +1,5 @@
-// Training a Wan VAE (task: vae) where no pretrained one exists: clips through its four layers
-// (encode, sample the posterior, decode), the loss per pixel the reconstruction error (squared, or
+// Training a latent codec (task: vae) where no pretrained one exists: clips through
+// its layers (encode, sample the posterior, decode), the loss per pixel the reconstruction error (squared, or
 // absolute under training.reconstruction_loss: l1) plus kl_weight x the posterior's KL divergence from N(0,
 // I); evaluation by the held-out loss and PSNR; and every checkpoint's config.json carrying the per-channel
 // statistics of its latents (what a flow-matching job normalises them by).
@@ -12,7 +12,7 @@
 #include "loom/config/config.h"
 #include "loom/core/layout.h"
 #include "loom/core/task.h"
-#include "loom/models/wan/vae.h"
+#include "loom/models/generator.h"
 #include "loom/tasks/video/clips.h"
 
 namespace loom::tasks {
@@ -25,9 +25,10 @@ struct VaeMicroBatch : core::MicroBatch {
 
 class VaeTask : public core::Task {
  public:
-  // ConfigError when the clips do not fit the VAE (frames 1 + 4k, sides multiples of the VAE's spatial
+  // ConfigError when the clips do not fit the codec (its frames rule, sides multiples of its spatial
   // factor).
-  VaeTask(const config::JobConfig& job, std::shared_ptr<models::WanVAE> model, const core::Layout& layout);
+  VaeTask(const config::JobConfig& job, std::shared_ptr<models::LatentCodec> model,
+          const core::Layout& layout);
 
   core::StepData step_data(int64_t step) const override;
   std::string loss_count_name() const override { return "pixels"; }
@@ -52,7 +53,7 @@ class VaeTask : public core::Task {
                                            int64_t* skipped) const;
 
   config::JobConfig job_;
-  std::shared_ptr<models::WanVAE> model_;
+  std::shared_ptr<models::LatentCodec> model_;
   core::Layout layout_;
   VideoClips clips_;
   uint64_t seed_;

@@ -237,7 +237,7 @@ std::vector<uint8_t> video_bytes(const at::Tensor& video) {
                                .add(1.0)
                                .div(2.0)
                                .mul(255.0)
-                               .to(at::kByte)  // truncates, as Wan's pipeline does
+                               .to(at::kByte)  // truncates, as the reference pipeline does
                                .permute({1, 2, 3, 0})
                                .contiguous();
   return std::vector<uint8_t>(bytes.data_ptr<uint8_t>(), bytes.data_ptr<uint8_t>() + bytes.numel());

@@ -82,8 +82,8 @@ data::WordTokenizer moving_fashion_tokenizer();
 
 // A clip's frames as the video models take them: [3, T, H, W] float32 in [-1, 1].
 at::Tensor video_tensor(const data::VideoClip& clip);
-// The reverse, rounding down as Wan's pipeline does ((x + 1) / 2 x 255, clamped, truncated):
-// video [3, T, H, W] in [-1, 1] -> (T, H, W, 3) bytes.
+// The reverse, rounding down as the reference text-to-video pipeline does ((x + 1) / 2 x 255, clamped,
+// truncated): video [3, T, H, W] in [-1, 1] -> (T, H, W, 3) bytes.
 std::vector<uint8_t> video_bytes(const at::Tensor& video);
 
 // Writes video [3, T, H, W] in [-1, 1] as <dir>/<name>.gif, <dir>/<name>.mp4 and
