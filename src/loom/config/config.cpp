@@ -436,6 +436,15 @@ void check_rules(const SectionReader& r, const TrainingSection& t) {
   if (t.allow_tf32 && t.device != "cuda")
     r.fail(&S::allow_tf32, fmt::format("applies to CUDA's matrix products; {} is {} (remove it)",
                                        r.key_of(key::name_of(&S::device)), t.device));
+  // steps: 0 beside epochs reads back a job.yaml written before the steps were resolved.
+  if (t.steps == 0 && t.epochs == 0 && r.get("steps")) r.fail(&S::steps, "must be >= 1, got 0");
+  if (t.steps == 0 && t.epochs == 0)
+    r.missing("steps",
+              "the number of optimizer steps, an integer > 0; or training.epochs, the passes over the "
+              "training data");
+  if (t.steps > 0 && t.epochs > 0)
+    r.fail(&S::epochs, fmt::format("give it or {}, not both ({} is {})", r.key_of(key::name_of(&S::steps)),
+                                   r.key_of(key::name_of(&S::steps)), t.steps));
   if (t.min_lr > t.lr)
     r.fail(&S::min_lr,
            fmt::format("must be <= {} ({}), got {}", r.key_of(key::name_of(&S::lr)), t.lr, t.min_lr));

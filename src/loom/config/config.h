@@ -267,7 +267,8 @@ struct FeaturesSection {
 };
 
 struct TrainingSection {
-  int64_t steps = 0;  // required, > 0
+  int64_t steps = 0;  // > 0, or 0 with epochs given (tasks/registry.h resolve_steps)
+  double epochs = 0;  // > 0: passes over the training data instead of steps; 0: steps given
   int64_t global_batch_size = 32, micro_batch_size = 8;
   double lr = 1e-3, min_lr = 0.0;
   int64_t warmup_steps = 0;
@@ -328,7 +329,8 @@ struct TrainingSection {
   static void keys(Keys& k) {
     using namespace key;
     using S = TrainingSection;
-    k("steps", &S::steps, required("the number of optimizer steps, an integer > 0"), at_least(1));
+    k("steps", &S::steps, at_least(0));
+    k("epochs", &S::epochs, at_least(0.0));
     k("global_batch_size", &S::global_batch_size, at_least(1), at_most(kMaxBatchSize));
     k("micro_batch_size", &S::micro_batch_size, at_least(1), at_most(kMaxBatchSize));
     k("lr", &S::lr, above(0.0));

@@ -78,6 +78,9 @@ class Task {
   // Writes what a checkpoint carries besides weights and training state (a tokenizer, processor
   // settings) into `dir`.
   virtual void save_artifacts(const std::string& dir) const = 0;
+  // The training samples one pass over the data holds (training.epochs counts these passes); 0 for
+  // data without epochs (a generated set).
+  virtual int64_t epoch_samples() const = 0;
   // For `loom data export`: step `step`'s micro-batches for one process holding the whole global
   // batch, as the tensors a peer implementation trains on, named "<micro-batch>.<field>". Empty: this
   // task has nothing a peer reads (the command says so).

@@ -5,6 +5,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <functional>
 #include <map>
@@ -116,9 +117,35 @@ BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
   return built;
 }
 
-void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps) {
+namespace {
+
+// The samples `epochs` passes take (epochs x epoch_samples, a fraction's rounding error of 1e-9 ignored),
+// in whole steps.
+int64_t steps_for_epochs(double epochs, int64_t epoch_samples, int64_t global_batch_size) {
+  const auto samples = static_cast<int64_t>(std::ceil(epochs * static_cast<double>(epoch_samples) - 1e-9));
+  return (samples + global_batch_size - 1) / global_batch_size;
+}
+
+}  // namespace
+
+void resolve_steps(config::JobConfig& job, const core::Task& task) {
+  auto& t = job.training;
+  if (t.epochs == 0) return;
+  const int64_t samples = task.epoch_samples();
+  if (samples == 0)
+    throw ConfigError(fmt::format(
+        "training.epochs: dataset {} is generated, without epochs; give training.steps", job.data.dataset));
+  t.steps = std::max<int64_t>(1, steps_for_epochs(t.epochs, samples, t.global_batch_size));
+  spdlog::info("training.epochs {}: {} samples an epoch, global batch {}: {} steps ({} samples)", t.epochs,
+               samples, t.global_batch_size, t.steps, t.steps * t.global_batch_size);
+  t.epochs = 0;
+}
+
+void export_steps(const config::JobConfig& given, const std::string& dir, int64_t steps) {
   if (steps < 1) throw ConfigError(fmt::format("data export: needs --steps >= 1, got {}", steps));
+  config::JobConfig job = given;
   const auto built = build_job(job, nullptr);
+  resolve_steps(job, *built.task);
   const auto& t = job.training;
   const std::vector<std::pair<std::string, at::Tensor>> first = built.task->export_step(0);
   if (first.empty())

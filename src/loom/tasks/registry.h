@@ -34,6 +34,13 @@ BuiltJob build_job(const config::JobConfig& job, std::shared_ptr<dist::Comm> wor
 // task's name (`dir`/job.json) and the first `steps` steps' micro-batches as the task exports them
 // (`dir`/steps/step-NNNNNN.safetensors, tensors "<micro-batch>.<field>"; Task::export_step).
 // ConfigError for a task that exports nothing.
+// training.epochs as steps: ceil(epochs x the task's epoch_samples() / global_batch_size), so every
+// training sample is seen at least `epochs` times (the stream runs on: the last step's samples past the
+// last epoch are the next epoch's first). Sets training.steps (epochs becomes 0, so a checkpoint's
+// job.yaml records the steps) and logs the count. ConfigError naming training.epochs for data without
+// epochs. Nothing to do when training.steps is given.
+void resolve_steps(config::JobConfig& job, const core::Task& task);
+
 void export_steps(const config::JobConfig& job, const std::string& dir, int64_t steps);
 
 }  // namespace loom::tasks

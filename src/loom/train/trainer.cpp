@@ -39,6 +39,7 @@ Trainer::Trainer(config::JobConfig job, std::shared_ptr<dist::Comm> comm)
     : Trainer(job, built_parts(job, std::move(comm))) {}
 
 Trainer::Trainer(config::JobConfig job, JobParts parts) : job_(std::move(job)), parts_(std::move(parts)) {
+  tasks::resolve_steps(job_, *parts_.task);
   const auto& t = job_.training;
   accumulation_ = t.global_batch_size / (t.micro_batch_size * parts_.layout.data_parallel());
   // The model comes converted (models/converters.h): what still requires a gradient trains.

@@ -225,7 +225,7 @@ TEST(ParseConfig, DoublesAcceptIntegers) {
 TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
   const std::string message = parse_error(with_training("  lrr: 0.1\n"));
   EXPECT_THAT(message, HasSubstr("job.yaml: unknown key 'training.lrr' (valid keys in training: steps, "
-                                 "global_batch_size, micro_batch_size, lr, min_lr,"));
+                                 "epochs, global_batch_size, micro_batch_size, lr, min_lr,"));
   EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval, skip_nonfinite_steps; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
             "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar, "
@@ -488,13 +488,26 @@ TEST(LoadConfig, ADirectoryIsNoConfigFile) {
   EXPECT_EQ(error_of([&] { load_config(dir); }), dir + ": cannot read the config file: it is a directory");
 }
 
+TEST(ParseConfig, EpochsInsteadOfSteps) {
+  const std::string model = "model: {family: qwen2_vl, hf_config: a.json}\n";
+  const JobConfig c = parse_config(model + "training: {epochs: 2.5}\n", "job.yaml");
+  EXPECT_EQ(c.training.epochs, 2.5);
+  EXPECT_EQ(c.training.steps, 0);  // the task's epoch gives them (tasks/registry.h resolve_steps)
+  EXPECT_EQ(parse_error(model + "training: {steps: 100, epochs: 2}\n"),
+            "job.yaml: training.epochs: give it or training.steps, not both (training.steps is 100)");
+  EXPECT_EQ(parse_error(model + "training: {epochs: -1}\n"),
+            "job.yaml: training.epochs: must be >= 0, got -1");
+}
+
 TEST(ParseConfigErrors, MissingRequiredKeys) {
   EXPECT_EQ(
       parse_error("model: {family: qwen2_vl, hf_config: a.json}\n"),
-      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0)");
+      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0; or "
+      "training.epochs, the passes over the training data)");
   EXPECT_EQ(
       parse_error("model: {family: qwen2_vl, hf_config: a.json}\ntraining: {lr: 0.1}\n"),
-      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0)");
+      "job.yaml: missing required key 'training.steps' (the number of optimizer steps, an integer > 0; or "
+      "training.epochs, the passes over the training data)");
   EXPECT_EQ(parse_error("training: {steps: 1}\n"),
             "job.yaml: missing required key 'model.family' (a model family, as `loom shapes` lists them)");
   EXPECT_THAT(parse_error("model: {family: qwen2_vl}\ntraining: {steps: 1}\n"),

@@ -105,6 +105,7 @@ class ToyRegression : public core::Task {
   }
 
   // This rank's equal, contiguous share of the step's samples, in micro-batches.
+  int64_t epoch_samples() const override { return 0; }  // drawn afresh every step
   core::StepData step_data(int64_t step) const override {
     const int64_t share = global_ / layout_.data_parallel();
     const int64_t begin = step * global_ + layout_.data_rank() * share;

@@ -112,7 +112,9 @@ std::string extract_features(const config::JobConfig& job, const std::string& ou
   const VideoClips clips(job.data, models::derive_seed(seed, "data"));  // the stream a training job walks
   const FlowHelpers helpers = load_flow_helpers(job, *dit, clips.builtin_tokenizer());
   if (samples == 0)
-    samples = std::min(clips.train_size(), job.training.steps * job.training.global_batch_size);
+    samples = job.training.epochs > 0
+                  ? clips.train_size()
+                  : std::min(clips.train_size(), job.training.steps * job.training.global_batch_size);
   const int64_t batch = job.training.micro_batch_size;
 
   const auto encode_into = [&](ShardWriter& writer, const std::vector<int64_t>& indices,

@@ -65,6 +65,10 @@ class FlowMatchingTask : public core::Task {
   // clip's caption and seed.
   core::Evaluation evaluate(int64_t step) override;
   void save_artifacts(const std::string& dir) const override {}
+  // The clips (or the extracted features' training rows) of one pass.
+  int64_t epoch_samples() const override {
+    return features_ ? features_->train_size() : clips_->train_size();
+  }
   // x0 (normalised latents, encoded here when the job reads clips), text (caption features padded to
   // text_len, the empty caption's where dropped), sigma (float64) and noise: the step's loss is the
   // squared error of the DiT's velocity at ((1 - sigma) x0 + sigma noise, 1000 sigma, text) against

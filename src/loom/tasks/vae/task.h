@@ -43,6 +43,7 @@ class VaeTask : public core::Task {
   // config.json again, with latents_mean / latents_std: each latent channel's mean and standard
   // deviation of the posterior mean over the run's first kStatisticsClips usable training samples.
   void save_artifacts(const std::string& dir) const override;
+  int64_t epoch_samples() const override { return clips_.train_size(); }
 
   static constexpr int64_t kStatisticsClips = 64;
 

@@ -42,6 +42,9 @@ class JobData {
   // held-out loss; question types kept.
   virtual data::Batch eval_examples(int64_t begin, int64_t end) const = 0;
   virtual int64_t eval_samples() const = 0;
+  // Training samples in one epoch of the stream (the mix of the user's files: all their usable
+  // samples; a built-in set: its training split); 0 for a generated set.
+  virtual int64_t epoch_samples() const = 0;
 };
 
 // What the job's data section asks for, its images made by the model's `processor`.

@@ -163,6 +163,8 @@ data::Batch MessagesData::eval_examples(int64_t begin, int64_t end) const {
   return data::collate(examples, pad_id_);
 }
 
+int64_t MessagesData::epoch_samples() const { return train_->size(); }
+
 data::Batch MessagesData::eval_prompts(int64_t begin, int64_t end) const {
   std::vector<data::TokenizedExample> examples;
   for (int64_t i = begin; i < end; ++i)

@@ -39,6 +39,7 @@ class MessagesData : public JobData {
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
   data::Batch eval_examples(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
+  int64_t epoch_samples() const override;
 
  private:
   // One held-out conversation as a generation prompt, or (with_replies) as a training row with its

@@ -140,6 +140,8 @@ int64_t VlmSftTask::dynamic_degree(int64_t step, const std::vector<data::Tokeniz
                   cp * dynamic_cp_tokens_));
 }
 
+int64_t VlmSftTask::epoch_samples() const { return data_->epoch_samples(); }
+
 void VlmSftTask::save_artifacts(const std::string& dir) const {
   data_->save_tokenizer(dir);
   const auto write = [&dir](const std::string& name, const nlohmann::ordered_json& json) {

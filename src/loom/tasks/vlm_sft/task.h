@@ -49,6 +49,7 @@ class VlmSftTask : public core::Task {
   // The tokenizer, in the form the data section reads back, and the files transformers reads beside
   // the weights (hf_files.h); generation_config.json is init_from's when it has one.
   void save_artifacts(const std::string& dir) const override;
+  int64_t epoch_samples() const override;
 
   // input_ids, labels, attention_mask, the model's position_ids, pixel_values and image_grid_thw
   // (with images), cu_seqlens (packed).

@@ -32,6 +32,7 @@ class VqaData : public JobData {
   data::Batch eval_prompts(int64_t begin, int64_t end) const override;
   data::Batch eval_examples(int64_t begin, int64_t end) const override;
   int64_t eval_samples() const override { return eval_samples_; }
+  int64_t epoch_samples() const override { return train_size_; }
 
   // The raw sample at `index`: for training, the index-th of the run (epochs walk the split in
   // seeded orders) with data.hflip and data.shift applied; held-out samples as they are.
