@@ -3,11 +3,13 @@
 #include "loom/config/config.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <fstream>
 #include <sstream>
 
+#include "loom/config/foreign_keys.h"
 #include "loom/config/yaml_tree.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
@@ -48,6 +50,19 @@ std::string suggestion(const std::string& unknown, const std::vector<std::string
   return best ? fmt::format("; did you mean '{}'?", *best) : "";
 }
 
+// "; did you mean X?" for an unknown key `name` of the table `table` ("" for the top level): the Loom key
+// of another trainer's name (foreign_keys.h), else the same key in another section (packing under
+// training: data.packing), else a valid name a small typo away.
+std::string unknown_key_hint(const std::string& name, const std::string& table,
+                             const std::vector<std::string>& valid) {
+  if (const std::string foreign = foreign_key_hint(name); !foreign.empty()) return "; " + foreign;
+  for (const auto& [path, keys] : declared_keys())
+    if (path != table && path.find('.') == std::string::npos &&
+        std::find(keys.begin(), keys.end(), name) != keys.end())
+      return fmt::format("; did you mean {}.{}?", path, name);
+  return suggestion(name, valid);
+}
+
 // One mapping of the job (a section, or an entry of a list of them): refuses keys it does not know.
 class SectionReader {
  public:
@@ -62,7 +77,8 @@ class SectionReader {
     for (const auto& [key, value] : section->entries) {
       if (std::find(valid_.begin(), valid_.end(), key) == valid_.end())
         throw ConfigError(fmt::format("{}: unknown key '{}' (valid keys in {}: {}{})", value.source,
-                                      key_of(key), name_, join_list(valid_), suggestion(key, valid_)));
+                                      key_of(key), name_, join_list(valid_),
+                                      unknown_key_hint(key, name_, valid_)));
     }
   }
 
@@ -558,10 +574,29 @@ JobConfig parse_config(const std::string& yaml_text, const std::string& source,
     throw ConfigError(fmt::format("{}: expected a mapping of sections ({}), got {}", source,
                                   join_list(sections), describe(root)));
   for (const auto& assignment : overrides) apply_override(root, assignment);
-  for (const auto& [name, value] : root.entries) {
-    if (std::find(sections.begin(), sections.end(), name) == sections.end())
-      throw ConfigError(fmt::format("{}: unknown section '{}' (valid sections: {}{})", value.source, name,
-                                    join_list(sections), suggestion(name, sections)));
+  // Every unknown top-level name in one line: a flat file of another trainer's keys shows them all.
+  std::vector<std::string> unknown;
+  const YamlValue* first = nullptr;
+  for (const auto& [name, value] : root.entries)
+    if (std::find(sections.begin(), sections.end(), name) == sections.end()) {
+      unknown.push_back(name);
+      if (!first) first = &value;
+    }
+  if (unknown.size() == 1)
+    throw ConfigError(fmt::format("{}: unknown section '{}' (valid sections: {}{})", first->source,
+                                  unknown[0], join_list(sections),
+                                  unknown_key_hint(unknown[0], "", sections)));
+  if (!unknown.empty()) {
+    std::vector<std::string> named;
+    for (const std::string& name : unknown) {
+      const std::string hint = unknown_key_hint(name, "", sections);
+      named.push_back(hint.empty() ? fmt::format("'{}'", name)
+                                   : fmt::format("'{}' ({})", name, hint.substr(2)));
+    }
+    throw ConfigError(
+        fmt::format("{}: unknown sections {} (valid sections: {}; docs/config.md, \"Keys from "
+                    "other trainers\")",
+                    first->source, fmt::join(named, ", "), join_list(sections)));
   }
 
   JobConfig config;

@@ -5,6 +5,7 @@
 #include <gmock/gmock.h>
 #include <gtest/gtest.h>
 
+#include "loom/config/foreign_keys.h"
 #include "loom/util/errors.h"
 
 namespace loom::config {
@@ -497,6 +498,58 @@ TEST(ParseConfig, EpochsInsteadOfSteps) {
             "job.yaml: training.epochs: give it or training.steps, not both (training.steps is 100)");
   EXPECT_EQ(parse_error(model + "training: {epochs: -1}\n"),
             "job.yaml: training.epochs: must be >= 0, got -1");
+}
+
+// The names users bring from HF Trainer and LLaMA-Factory, in a section or at the top level, get
+// Loom's key; a Loom key in the wrong section gets its section.
+TEST(ParseConfigErrors, ForeignKeysNameLoomsKey) {
+  // Every foreign name points at a key Loom declares.
+  for (const ForeignKey& k : foreign_keys()) {
+    const std::string key = k.key;
+    const size_t dot = key.rfind('.');
+    bool declared = false;
+    for (const auto& [table, keys] : declared_keys())
+      declared |=
+          table == key.substr(0, dot) && std::count(keys.begin(), keys.end(), key.substr(dot + 1)) > 0;
+    EXPECT_TRUE(declared) << k.name << " -> " << key;
+  }
+  // The names, inside the section they would go in.
+  const std::vector<std::pair<std::string, std::string>> cases = {{"training", "learning_rate"},
+                                                                  {"training", "num_train_epochs"},
+                                                                  {"training", "per_device_train_batch_size"},
+                                                                  {"training", "gradient_accumulation_steps"},
+                                                                  {"data", "cutoff_len"},
+                                                                  {"training", "bf16"},
+                                                                  {"data", "image_max_pixels"},
+                                                                  {"model", "freeze_vision_tower"},
+                                                                  {"tools", "logging_steps"},
+                                                                  {"training", "save_steps"},
+                                                                  {"training", "warmup_ratio"},
+                                                                  {"tools", "report_to"}};
+  for (const auto& [section, name] : cases) {
+    const std::string message = parse_error(kMinimal, {section + "." + name + "=1"});
+    EXPECT_THAT(message, HasSubstr("unknown key '" + section + "." + name + "'")) << message;
+    EXPECT_THAT(message, HasSubstr("; " + foreign_key_hint(name) + ")")) << message;
+  }
+  EXPECT_THAT(parse_error(with_training("  learning_rate: 1.0e-5\n")),
+              HasSubstr("; did you mean training.lr? (HF Trainer's learning_rate: the same value))"));
+  EXPECT_THAT(
+      parse_error(with_training("  warmup_ratio: 0.1\n")),
+      HasSubstr("; did you mean training.warmup_steps? (HF Trainer's warmup_ratio: warmup_ratio x the "
+                "step count, as a number of steps))"));
+  // At the top level: one name, and a flat file of them in one line.
+  EXPECT_THAT(
+      parse_error(kMinimal + "cutoff_len: 2048\n"),
+      HasSubstr("unknown section 'cutoff_len' (valid sections: model, data, parallel, features, training, "
+                "tools; did you mean data.max_seq_len? (LLaMA-Factory's cutoff_len: the same value))"));
+  EXPECT_THAT(parse_error("learning_rate: 1.0e-5\nbf16: true\nlora_rank: 8\n"),
+              HasSubstr("unknown sections 'learning_rate' (did you mean training.lr? (HF Trainer's "
+                        "learning_rate: the same value)), 'bf16' (did you mean training.precision? (HF "
+                        "Trainer's bf16: bf16: true is precision: bf16)), 'lora_rank' (valid sections: "));
+  // A Loom key in another section.
+  EXPECT_THAT(parse_error(with_training("  max_seq_len: 512\n")),
+              HasSubstr("; did you mean data.max_seq_len?)"));
+  EXPECT_THAT(parse_error(kMinimal + "lr: 0.1\n"), HasSubstr("; did you mean training.lr?)"));
 }
 
 TEST(ParseConfigErrors, MissingRequiredKeys) {

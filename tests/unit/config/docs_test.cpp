@@ -3,12 +3,14 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <iterator>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "loom/config/config.h"
+#include "loom/config/foreign_keys.h"
 
 namespace loom::config {
 namespace {
@@ -91,6 +93,17 @@ TEST(ConfigDocs, ReadsTheKeyTables) {
   ASSERT_TRUE(documented.count("data.datasets"));
   EXPECT_TRUE(documented.at("data.datasets").count("weight"));
   EXPECT_FALSE(documented.at("data").count("weight"));  // the entries' table is not data's
+}
+
+// Its "Keys from other trainers" table lists every foreign name with its trainer and Loom key.
+TEST(ConfigDocs, ListsEveryForeignKey) {
+  std::ifstream file(kGuide);
+  const std::string guide((std::istreambuf_iterator<char>(file)), std::istreambuf_iterator<char>());
+  for (const ForeignKey& k : foreign_keys())
+    EXPECT_NE(guide.find(std::string("| `") + k.name + "` | " + k.from + " | `" + k.key + "` | " + k.convert +
+                         " |"),
+              std::string::npos)
+        << kGuide << ": no row for " << k.name;
 }
 
 }  // namespace
