@@ -267,7 +267,7 @@ class KeyReader {
       return as_double(value, key);
     } else if constexpr (std::is_same_v<T, bool>) {
       return as_bool(value, key);
-    } else if constexpr (std::is_same_v<T, std::string>) {
+    } else if constexpr (std::is_same_v<T, std::string> || std::is_same_v<T, std::optional<std::string>>) {
       return as_string(value, key);
     } else if constexpr (std::is_same_v<T, std::vector<std::string>>) {
       return as_string_list(value, key);

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -120,6 +121,9 @@ struct DataSection {
   // messages only:
   std::string tokenizer;         // HF tokenizer.json or SentencePiece .model
   bool train_on_prompt = false;  // labels on the prompt too, not only replies
+  // The system message of a conversation without one: absent, the model's processor's default (e.g.
+  // "You are a helpful assistant."); "" for none.
+  std::optional<std::string> system_prompt;
   // The image processor's pixel bounds; 0: the model's image processor's own.
   int64_t min_pixels = 0, max_pixels = 0;
   // shapes_vqa and fashion_mnist only:
@@ -162,6 +166,7 @@ struct DataSection {
       required("a list of {path: FILE} conversation or video files to train on"));
     k("eval_datasets", &S::eval_datasets, ReadBy::files);
     k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
+    k("system_prompt", &S::system_prompt, ReadBy::messages);
     k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(0));
     k("max_pixels", &S::max_pixels, ReadBy::messages, at_least(0),
       at_most(int64_t{89'478'485}));  // decode's kMaxImagePixels

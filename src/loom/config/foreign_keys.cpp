@@ -56,6 +56,7 @@ const std::vector<ForeignKey>& foreign_keys() {
       {"packing", kLf, "data.packing", kSame},
       {"neat_packing", kLf, "data.packing", "Loom's packing keeps samples apart: packing: true"},
       {"train_on_prompt", kLf, "data.train_on_prompt", kSame},
+      {"default_system", kLf, "data.system_prompt", kSame},
       {"preprocessing_num_workers", kLf, "data.num_workers", kSame},
   };
   return table;

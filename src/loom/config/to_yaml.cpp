@@ -72,8 +72,12 @@ class KeyWriter {
     if constexpr ((std::is_same_v<A, ReadBy> || ...))
       if (!section_.reads(*key::find_attribute<ReadBy>(attributes...))) return;
     const T& value = section_.*field;
+    if constexpr (std::is_same_v<T, std::optional<std::string>>)
+      if (!value) return;  // not given: left out, as it was
     begin(name);
-    if constexpr (key::is_section<T>) {
+    if constexpr (std::is_same_v<T, std::optional<std::string>>) {
+      out_ += " " + yaml_string(*value) + "\n";
+    } else if constexpr (key::is_section<T>) {
       out_ += "\n";
       write_keys(out_, value, indent_ + 2);
     } else if constexpr (key::is_section_list<T>) {

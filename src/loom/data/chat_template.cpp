@@ -222,8 +222,10 @@ std::string content_jinja(const std::string& image, const std::string& separator
 }  // namespace
 
 std::string chatml_template_jinja(const std::string& default_system, const ImageBlock& block) {
-  if (default_system.find("{") != std::string::npos || default_system.find("'") != std::string::npos)
-    throw DataError("the default system message cannot hold '{' or a quote in a chat template");
+  // The text stands outside the template's tags: only what opens a tag cannot be written there.
+  for (const char* tag : {"{{", "{%", "{#"})
+    if (default_system.find(tag) != std::string::npos)
+      throw DataError(fmt::format("the default system message cannot hold '{}' in a chat template", tag));
   const std::string system = default_system.empty()
                                  ? ""
                                  : "{% if loop.first and message['role'] != 'system' %}<|im_start|>system\n" +

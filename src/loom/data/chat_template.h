@@ -96,7 +96,7 @@ class ChatTemplate {
 // The Jinja of the template as a checkpoint carries it (tokenizer_config.json, chat_template.json):
 // `default_system` when the conversation has no system message, each "<image>" of a string content
 // (or each image part of a list content) as the block's template_text(). DataError for a default
-// system message holding '{' or a quote.
+// system message holding what opens a Jinja tag ({{, {% or {#).
 std::string chatml_template_jinja(const std::string& default_system, const ImageBlock& block);
 // The built-in VQA sets' word-level form of it: no system message, no newlines, the words separated
 // by spaces for the WhitespaceSplit tokenizer.

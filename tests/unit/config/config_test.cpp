@@ -588,15 +588,15 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(
-      parse_error(kMinimal + "data: 5\n"),
-      "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-      "train_on_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, video_size, frames, fps, "
-      "features, "
-      "eval_samples, "
-      "eval_max_new_tokens, "
-      "max_seq_len, overlong, "
-      "packing, num_workers, prefetch), got '5'");
+  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
+            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+            "train_on_prompt, system_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, "
+            "video_size, frames, fps, "
+            "features, "
+            "eval_samples, "
+            "eval_max_new_tokens, "
+            "max_seq_len, overlong, "
+            "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "

@@ -23,6 +23,25 @@ TEST(ToYaml, FullExampleRoundTrips) {
   EXPECT_EQ(to_yaml(back), to_yaml(c));
 }
 
+// data.system_prompt: absent stays absent (the processor's default), "" stays none, text stays text.
+TEST(ToYaml, TheSystemPromptRoundTripsAbsentEmptyOrGiven) {
+  const std::string job =
+      "model: {family: qwen2_vl, hf_config: a.json}\n"
+      "data: {dataset: messages, tokenizer: t.json, datasets: [{path: a.jsonl}]";
+  const JobConfig absent = parse_config(job + "}\ntraining: {steps: 1}\n", "job.yaml");
+  EXPECT_FALSE(absent.data.system_prompt.has_value());
+  EXPECT_EQ(to_yaml(absent).find("system_prompt"), std::string::npos);
+  EXPECT_TRUE(round_trip(absent) == absent);
+  for (const std::string text : {"", "Be brief.", "Say 'hi': {ok}"}) {
+    const JobConfig given = parse_config(
+        job + ", system_prompt: " + nlohmann::json(text).dump() + "}\ntraining: {steps: 1}\n", "job.yaml");
+    ASSERT_TRUE(given.data.system_prompt.has_value());
+    EXPECT_EQ(*given.data.system_prompt, text);
+    EXPECT_TRUE(round_trip(given) == given) << to_yaml(given);
+    EXPECT_FALSE(given == absent);
+  }
+}
+
 TEST(ToYaml, DefaultsRoundTripAndDpAutoStaysAuto) {
   JobConfig c;
   c.source = "job.yaml";

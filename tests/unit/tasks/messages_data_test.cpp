@@ -7,10 +7,13 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
+#include <vector>
 
 #include "../checkpoint/temp_dir.h"
 #include "loom/data/image/qwen2vl_processor.h"
+#include "loom/data/tokenizer/tokenizer.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -85,6 +88,53 @@ TEST_F(MessagesDataTest, EvalSamplesTakesTheFirstHeldOutSamplesOrAllOfThem) {
   EXPECT_EQ(MessagesData(section(two, 1000), 1, std::make_unique<data::Qwen2VLImageProcessor>(image))
                 .eval_samples(),
             2);  // the default, over a small file
+}
+
+// data.system_prompt: the system message a conversation without one gets. Given, it is what an explicit
+// system message of the same text gives; "" gives the conversation alone; absent, the processor's
+// default ("You are a helpful assistant." for Qwen2-VL) is written before it.
+TEST_F(MessagesDataTest, TheSystemPromptIsTheDefaultSystemMessage) {
+  const auto ids = [this](const std::string& train, std::optional<std::string> system_prompt) {
+    write(dir_ + "/train.jsonl", train);
+    config::DataSection d = section(sample("red.png", "red"));
+    d.system_prompt = std::move(system_prompt);
+    const MessagesData data(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{}));
+    const TrainSamples samples = data.train_examples(0, 1);
+    EXPECT_EQ(samples.examples.size(), 1u);
+    return samples.examples.at(0).input_ids;
+  };
+  const std::string plain = sample("red.png", "red");
+  const std::string with_system =
+      R"({"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<image>Colour?"},)"
+      R"( {"role": "assistant", "content": "red"}], "images": ["red.png"]})"
+      "\n";
+  EXPECT_EQ(ids(plain, "Be brief."), ids(with_system, std::nullopt));
+  EXPECT_EQ(ids(with_system, "Other."), ids(with_system, std::nullopt));  // the conversation's own wins
+
+  const std::vector<int64_t> none = ids(plain, ""), defaulted = ids(plain, std::nullopt);
+  const auto loaded = data::load_tokenizer(kFixtures + "/chatml_bpe_tokenizer.json");
+  const data::Tokenizer& tokenizer = *loaded;
+  std::vector<int64_t> system =
+      tokenizer.encode("<|im_start|>system\nYou are a helpful assistant.<|im_end|>\n");
+  system.insert(system.end(), none.begin(), none.end());
+  EXPECT_EQ(defaulted, system);
+  EXPECT_EQ(none.front(), tokenizer.encode("<|im_start|>").at(0));
+  EXPECT_EQ(std::vector<int64_t>(none.begin(), none.begin() + 3), tokenizer.encode("<|im_start|>user\n"));
+}
+
+TEST_F(MessagesDataTest, ASystemPromptOpeningATemplateTagIsAConfigError) {
+  config::DataSection d = section(sample("red.png", "red"));
+  d.system_prompt = "Answer in {{ language }}.";
+  try {
+    MessagesData(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{}));
+    FAIL() << "a system prompt with {{ should be refused";
+  } catch (const ConfigError& e) {
+    EXPECT_STREQ(e.what(),
+                 "data.system_prompt: the default system message cannot hold '{{' in a chat template");
+  }
+  d.system_prompt = "Say 'hi' {like this}.";  // quotes and a lone brace stand outside the tags
+  EXPECT_NO_THROW(
+      MessagesData(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{})));
 }
 
 TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {

@@ -68,7 +68,12 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     processor_->set_pixel_bounds(data.min_pixels, data.max_pixels);
   data::ChatTemplateOptions options;
   options.train_on_prompt = data.train_on_prompt;
-  options.default_system = processor_->default_system();
+  options.default_system = data.system_prompt.value_or(processor_->default_system());
+  try {  // the checkpoint's template holds it: a message it cannot hold fails here, before any work
+    data::chatml_template_jinja(options.default_system, processor_->block());
+  } catch (const DataError& e) {
+    throw ConfigError(fmt::format("data.system_prompt: {}", e.what()));
+  }
   options.processor = processor_;
   template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
   options.generation_prompt = true;
