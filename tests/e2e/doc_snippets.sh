@@ -25,6 +25,19 @@ cat > data/chat.json <<'JSON'
 [{"conversations": [{"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Hello!"}]}]
 JSON
 echo '{"messages": [{"role": "user", "content": "Say ok."}, {"role": "assistant", "content": "ok"}]}' > data/held_out.jsonl
+# A LLaMA-Factory registry (docs/llamafactory.md): a sharegpt entry with role/content tags, an alpaca
+# one and an openai one; media paths relative to the registry's directory.
+cat > data/mllm_demo.json <<'JSON'
+[{"messages": [{"role": "user", "content": "<image>Shape?"}, {"role": "assistant", "content": "square"}], "images": ["images/red.png"]}]
+JSON
+echo '[{"instruction": "Who are you?", "input": "", "output": "A tiny model."}]' > data/identity.json
+cat > data/dataset_info.json <<'JSON'
+{"mllm_demo": {"file_name": "mllm_demo.json", "formatting": "sharegpt",
+               "columns": {"messages": "messages", "images": "images"},
+               "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}},
+ "identity": {"file_name": "identity.json"},
+ "my_held_out": {"file_name": "held_out.jsonl", "formatting": "openai"}}
+JSON
 cat > messages_model.yaml <<'YAML'
 model:
   family: qwen2_vl

@@ -13,6 +13,7 @@
 #include "loom/config/yaml_tree.h"
 #include "loom/util/errors.h"
 #include "loom/util/filesystem.h"
+#include "loom/util/spelling.h"
 
 namespace loom::config {
 namespace {
@@ -22,32 +23,6 @@ std::string join_list(const std::vector<T>& items) {
   std::string out;
   for (const auto& item : items) out += fmt::format("{}{}", out.empty() ? "" : ", ", item);
   return out;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t above = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = above;
-    }
-  }
-  return row[b.size()];
-}
-
-// "; did you mean 'lr'?" when one valid name is a small typo away, else "".
-std::string suggestion(const std::string& unknown, const std::vector<std::string>& valid) {
-  const std::string* best = nullptr;
-  size_t best_distance = 3;
-  for (const auto& name : valid) {
-    const size_t d = edit_distance(unknown, name);
-    if (d < best_distance) best = &name, best_distance = d;
-  }
-  return best ? fmt::format("; did you mean '{}'?", *best) : "";
 }
 
 // "; did you mean X?" for an unknown key `name` of the table `table` ("" for the top level): the Loom key
@@ -60,7 +35,7 @@ std::string unknown_key_hint(const std::string& name, const std::string& table,
     if (path != table && path.find('.') == std::string::npos &&
         std::find(keys.begin(), keys.end(), name) != keys.end())
       return fmt::format("; did you mean {}.{}?", path, name);
-  return suggestion(name, valid);
+  return did_you_mean(name, valid);
 }
 
 // One mapping of the job (a section, or an entry of a list of them): refuses keys it does not know.
@@ -380,8 +355,34 @@ void check_rules(const SectionReader& r, const ModelSection& m) {
               "inline mapping; it may be left out when model.init_from names a model directory");
 }
 
+void check_rules(const SectionReader& r, const DatasetFile& f) {
+  using S = DatasetFile;
+  if (f.path.empty() && f.name.empty())
+    r.missing(key::name_of(&S::path),
+              "the conversation file, a JSON array or JSON lines; or name, a dataset of data.dataset_info");
+  if (!f.path.empty() && !f.name.empty())
+    r.fail(&S::name, fmt::format("give it or {}, not both ({} is {})", r.key_of(key::name_of(&S::path)),
+                                 r.key_of(key::name_of(&S::path)), f.path));
+}
+
 void check_rules(const SectionReader& r, const DataSection& d) {
   using S = DataSection;
+  for (const auto* files : {&d.datasets, &d.eval_datasets})
+    for (size_t i = 0; i < files->size(); ++i) {
+      const DatasetFile& file = (*files)[i];
+      const std::string entry = fmt::format(
+          "{}[{}]", r.key_of(key::name_of(files == &d.datasets ? &S::datasets : &S::eval_datasets)), i);
+      if (d.dataset == "videos" && (!file.name.empty() || file.format != "auto"))
+        r.fail(
+            files == &d.datasets ? &S::datasets : &S::eval_datasets,
+            fmt::format("entry {}: name and format are read by dataset messages only; a video dataset's "
+                        "samples are {{\"video\" or \"image\": PATH, \"caption\": TEXT}} in a file at path",
+                        i));
+      if (!file.name.empty() && d.dataset_info.empty())
+        r.missing(key::name_of(&S::dataset_info),
+                  fmt::format("the LLaMA-Factory dataset_info.json that {}.name '{}' is looked up in", entry,
+                              file.name));
+    }
   if (d.max_pixels > 0 && d.max_pixels < d.min_pixels)
     r.fail(&S::max_pixels, fmt::format("must be >= {} ({}), got {}", key::name_of(&S::min_pixels),
                                        d.min_pixels, d.max_pixels));

@@ -92,24 +92,31 @@ struct ModelSection {
 
 // One conversation file of data.datasets / data.eval_datasets (dataset: messages).
 struct DatasetFile {
-  // Required: JSON array or JSON lines of {"messages": [...], "images": [...]} (messages), or of
+  // This or name: JSON array or JSON lines of conversations (messages), or of
   // {"video" or "image": PATH, "caption": TEXT} (videos).
   std::string path;
   std::string root;     // image paths are relative to it; empty = the file's directory
   double weight = 1.0;  // > 0: its share of the mixed training stream
-  // Names the file uses instead of the defaults, by field: messages, images, videos, role,
-  // content, user, assistant, system (e.g. ShareGPT: messages -> conversations, role -> from).
+  // Names the file uses instead of its format's defaults, by field: the sample's messages, images,
+  // videos, audios, tools, system_prompt, prompt, query, response, history; a message's role and
+  // content; the roles user, assistant, system, observation, function.
   std::map<std::string, std::string> fields;
+  std::string name;             // messages: this or path: a dataset of data.dataset_info by its name
+  std::string format = "auto";  // messages: auto | messages | sharegpt | alpaca
 
   template <class Keys>
   static void keys(Keys& k) {
     using namespace key;
     using S = DatasetFile;
-    k("path", &S::path, required("the conversation file: a JSON array or JSON lines"), not_empty());
+    k("path", &S::path);
+    k("name", &S::name);
     k("root", &S::root);
     k("weight", &S::weight, above(0.0));
+    k("format", &S::format, one_of({"auto", "messages", "sharegpt", "alpaca"}));
     k("fields", &S::fields,
-      names({"messages", "images", "videos", "role", "content", "user", "assistant", "system"}),
+      names({"messages", "images", "videos", "audios", "tools", "system_prompt", "prompt", "query",
+             "response", "history", "role", "content", "user", "assistant", "system", "observation",
+             "function"}),
       not_empty("the key or role name the file uses"));
   }
 };
@@ -120,6 +127,7 @@ struct DataSection {
   std::vector<DatasetFile> datasets, eval_datasets;  // training mix; held-out files (may be empty)
   // messages only:
   std::string tokenizer;         // HF tokenizer.json or SentencePiece .model
+  std::string dataset_info;      // a LLaMA-Factory dataset_info.json: datasets may be named from it
   bool train_on_prompt = false;  // labels on the prompt too, not only replies
   // The system message of a conversation without one: absent, the model's processor's default (e.g.
   // "You are a helpful assistant."); "" for none.
@@ -165,6 +173,7 @@ struct DataSection {
     k("datasets", &S::datasets, ReadBy::files,
       required("a list of {path: FILE} conversation or video files to train on"));
     k("eval_datasets", &S::eval_datasets, ReadBy::files);
+    k("dataset_info", &S::dataset_info, ReadBy::messages);
     k("train_on_prompt", &S::train_on_prompt, ReadBy::messages);
     k("system_prompt", &S::system_prompt, ReadBy::messages);
     k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(0));

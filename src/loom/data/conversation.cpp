@@ -1,6 +1,7 @@
 // Reading conversation dataset files, checking each sample, recording skips, and the weighted mix.
 #include "loom/data/conversation.h"
 
+#include <fmt/format.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -21,6 +22,7 @@
 namespace loom::data {
 namespace {
 
+namespace fs = std::filesystem;
 using nlohmann::json;
 
 const char* role_name(Role role) {
@@ -39,22 +41,117 @@ std::string with_article(Role role) {
   return fmt::format("{} {}", role == Role::assistant ? "an" : "a", role_name(role));
 }
 
-// Parses one sample object into a Conversation, or returns the reason it is unusable. Throws
-// DataError for a sample with videos.
-std::string parse_sample(const json& sample, const DatasetSpec& spec, const std::filesystem::path& root,
-                         int64_t index, Conversation& out) {
-  const FieldNames& f = spec.fields;
-  if (!sample.is_object()) return fmt::format("a sample must be a JSON object, got {}", sample.type_name());
-  if (auto videos = sample.find(f.videos);
-      videos != sample.end() && !videos->is_null() && !(videos->is_array() && videos->empty())) {
-    throw DataError(
-        fmt::format("conversation dataset {} sample {} has \"{}\": video samples are not supported in this "
-                    "version of Loom; "
-                    "remove the sample or its videos",
-                    spec.path, index, f.videos));
+bool given(const json& sample, const std::string& key) {
+  const auto value = sample.find(key);
+  return value != sample.end() && !value->is_null() && !(value->is_array() && value->empty()) &&
+         !(value->is_string() && value->get_ref<const std::string&>().empty());
+}
+
+// Appends the paths under `key` (a path, or a list of them) to `out`, resolved against root; the
+// reason they cannot be used, or "".
+std::string read_paths(const json& sample, const std::string& key, const fs::path& root,
+                       std::vector<std::string>& out) {
+  const auto value = sample.find(key);
+  if (value == sample.end() || value->is_null()) return "";
+  const json one = value->is_string() ? json::array({*value}) : json();
+  const json& paths = value->is_string() ? one : *value;
+  if (!paths.is_array())
+    return fmt::format("\"{}\" must be a path or a list of paths, got {}", key, value->type_name());
+  for (const json& path : paths) {
+    if (!path.is_string() || path.get_ref<const std::string&>().empty())
+      return fmt::format("\"{}\" must be a path or a list of non-empty paths", key);
+    out.push_back((root / path.get<std::string>()).string());
   }
-  out.source = spec.path;
-  out.index = index;
+  return "";
+}
+
+// The images and videos content parts bring, and how many parts named none (they take the sample's
+// "images" / "videos" in order).
+struct PartMedia {
+  std::vector<std::string> paths;
+  int64_t without_path = 0;
+};
+
+// The local file a media part names: its value under `type` ("x.jpg", "file:///x.jpg" or
+// {"url": ...}), "url" or "path"; "" when it names none. The reason in `problem` for a URL Loom
+// does not fetch.
+std::string part_path(const json& part, const std::string& type, std::string& problem) {
+  for (const std::string& key : {type, std::string("url"), std::string("path")}) {
+    const auto value = part.find(key);
+    if (value == part.end() || value->is_null()) continue;
+    const json* text = &*value;
+    if (value->is_object()) {
+      const auto url = value->find("url");
+      if (url == value->end()) continue;
+      text = &*url;
+    }
+    if (!text->is_string()) {
+      problem = fmt::format("its \"{}\" is not a path", key);
+      return "";
+    }
+    std::string path = text->get<std::string>();
+    if (path.rfind("file://", 0) == 0) path = path.substr(7);
+    for (const char* scheme : {"http://", "https://", "data:"})
+      if (path.rfind(scheme, 0) == 0) {
+        problem = fmt::format("it names {}...; Loom reads local files, not URLs or inline data", scheme);
+        return "";
+      }
+    return path;
+  }
+  return "";
+}
+
+// A message's content: a string as it is, or a content-part list joined into text with a
+// placeholder per image or video part. The reason it cannot be used, or "".
+std::string read_content(const json& content, size_t m, const FieldNames& f, const DatasetSpec& spec,
+                         int64_t index, const fs::path& root, std::string& text, PartMedia& images,
+                         PartMedia& videos) {
+  if (content.is_string()) {
+    text = content.get<std::string>();
+    return "";
+  }
+  if (!content.is_array()) return fmt::format("message {} has no string \"{}\"", m, f.content);
+  for (size_t p = 0; p < content.size(); ++p) {
+    const json& part = content[p];
+    const auto type = part.is_object() ? part.find("type") : part.end();
+    if (!part.is_object() || type == part.end() || !type->is_string())
+      return fmt::format("message {} content part {} is not an object with a string \"type\"", m, p);
+    const std::string& name = type->get_ref<const std::string&>();
+    if (name == "text") {
+      const auto value = part.find("text");
+      if (value == part.end() || !value->is_string())
+        return fmt::format("message {} content part {} (text) has no string \"text\"", m, p);
+      text += value->get<std::string>();
+    } else if (name == "image" || name == "image_url" || name == "video" || name == "video_url") {
+      const bool image = name.rfind("image", 0) == 0;
+      std::string problem;
+      const std::string path = part_path(part, name, problem);
+      if (!problem.empty()) return fmt::format("message {} content part {} ({}): {}", m, p, name, problem);
+      PartMedia& media = image ? images : videos;
+      if (path.empty())
+        ++media.without_path;
+      else
+        media.paths.push_back((root / path).string());
+      text += image ? kImagePlaceholder : kVideoPlaceholder;
+    } else if (name == "audio" || name == "input_audio" || name == "audio_url") {
+      throw DataError(
+          fmt::format("conversation dataset {} sample {} message {} has an audio part (\"{}\"): Loom's "
+                      "models have no audio encoder; remove the sample or the dataset",
+                      spec.path, index, m, name));
+    } else {
+      return fmt::format(
+          "message {} content part {} has unknown type \"{}\"; Loom reads text, image, image_url, "
+          "video and video_url parts",
+          m, p, name);
+    }
+  }
+  return "";
+}
+
+// The messages of a messages or sharegpt sample.
+std::string read_messages(const json& sample, const DatasetSpec& spec, const fs::path& root, int64_t index,
+                          Conversation& out, PartMedia& images, PartMedia& videos) {
+  const FieldNames& f = spec.fields;
   const auto messages = sample.find(f.messages);
   if (messages == sample.end() || messages->is_null()) return fmt::format("no \"{}\" field", f.messages);
   if (!messages->is_array())
@@ -68,9 +165,7 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const std:
       return fmt::format("message {} has no string \"{}\"", m, f.role);
     }
     const auto content = message.find(f.content);
-    if (content == message.end() || !content->is_string()) {
-      return fmt::format("message {} has no string \"{}\"", m, f.content);
-    }
+    if (content == message.end()) return fmt::format("message {} has no string \"{}\"", m, f.content);
     Message parsed;
     const std::string& name = role->get_ref<const std::string&>();
     if (name == f.user) {
@@ -79,26 +174,195 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const std:
       parsed.role = Role::assistant;
     } else if (name == f.system) {
       parsed.role = Role::system;
+    } else if (name == f.observation || name == f.function) {
+      return fmt::format(
+          "message {} is a tool turn (role \"{}\"); tool calls and their results are not trained "
+          "in this version of Loom",
+          m, name);
     } else {
       return fmt::format("message {} has unknown role \"{}\"; valid roles are \"{}\", \"{}\" and \"{}\"", m,
                          name, f.system, f.user, f.assistant);
     }
-    parsed.content = content->get<std::string>();
+    if (std::string problem = read_content(*content, m, f, spec, index, root, parsed.content, images, videos);
+        !problem.empty())
+      return problem;
     out.messages.push_back(std::move(parsed));
   }
-  if (auto images = sample.find(f.images); images != sample.end() && !images->is_null()) {
-    if (!images->is_array()) return fmt::format("\"{}\" must be a list of paths", f.images);
-    for (const json& image : *images) {
-      if (!image.is_string() || image.get_ref<const std::string&>().empty()) {
-        return fmt::format("\"{}\" must be a list of non-empty paths", f.images);
-      }
-      out.images.push_back((root / image.get<std::string>()).string());
+  return "";
+}
+
+// The messages of an alpaca sample: its history's pairs, then the instruction and input (joined by
+// a line break) as the user message and the output as the reply.
+std::string read_alpaca(const json& sample, const FieldNames& f, Conversation& out) {
+  auto text = [&](const std::string& key, std::string& value) -> std::string {
+    const auto found = sample.find(key);
+    if (found == sample.end() || found->is_null()) return "";
+    if (!found->is_string()) return fmt::format("\"{}\" must be a string, got {}", key, found->type_name());
+    value = found->get<std::string>();
+    return "";
+  };
+  if (const auto history = sample.find(f.history); history != sample.end() && !history->is_null()) {
+    if (!history->is_array()) return fmt::format("\"{}\" must be a list of [prompt, reply] pairs", f.history);
+    for (const json& turn : *history) {
+      if (!turn.is_array() || turn.size() != 2 || !turn[0].is_string() || !turn[1].is_string())
+        return fmt::format("\"{}\" must be a list of [prompt, reply] pairs of strings", f.history);
+      out.messages.push_back({Role::user, turn[0].get<std::string>()});
+      out.messages.push_back({Role::assistant, turn[1].get<std::string>()});
+    }
+  }
+  std::string prompt, query, response;
+  for (auto [key, value] : {std::pair{&f.prompt, &prompt}, std::pair{&f.query, &query}})
+    if (std::string problem = text(*key, *value); !problem.empty()) return problem;
+  if (prompt.empty() && query.empty()) return fmt::format("no \"{}\" or \"{}\" text", f.prompt, f.query);
+  out.messages.push_back(
+      {Role::user, prompt.empty() || query.empty() ? prompt + query : prompt + "\n" + query});
+  const auto reply = sample.find(f.response);
+  if (reply == sample.end() || !reply->is_string())
+    return fmt::format("\"{}\" must be a string (a list of replies is preference data)", f.response);
+  out.messages.push_back({Role::assistant, reply->get<std::string>()});
+  return "";
+}
+
+// The sample's images or videos: from its content parts or its `key` field, not both.
+std::string take_media(const json& sample, const std::string& key, const fs::path& root,
+                       const PartMedia& parts, std::vector<std::string>& out) {
+  if (std::string problem = read_paths(sample, key, root, out); !problem.empty()) return problem;
+  if (parts.paths.empty()) return "";
+  if (!out.empty())
+    return fmt::format("content parts give paths and so does \"{}\"; give them in one place", key);
+  if (parts.without_path > 0)
+    return fmt::format(
+        "some content parts give a path and {} do not; give every path in its part or all in \"{}\"",
+        parts.without_path, key);
+  out = parts.paths;
+  return "";
+}
+
+// Parses one sample object into a Conversation, or returns the reason it is unusable. Throws
+// DataError for a sample with audio, tools or videos.
+std::string parse_sample(const json& sample, const DatasetSpec& spec, const fs::path& root, int64_t index,
+                         Conversation& out) {
+  const FieldNames& f = spec.fields;
+  if (!sample.is_object()) return fmt::format("a sample must be a JSON object, got {}", sample.type_name());
+  if (given(sample, f.audios))
+    throw DataError(
+        fmt::format("conversation dataset {} sample {} has \"{}\": Loom's models have no audio encoder; "
+                    "remove the field or the dataset",
+                    spec.path, index, f.audios));
+  if (given(sample, f.tools))
+    throw DataError(
+        fmt::format("conversation dataset {} sample {} has \"{}\": tool descriptions are not supported "
+                    "in this version of Loom; remove the field or the dataset",
+                    spec.path, index, f.tools));
+  out.source = spec.path;
+  out.index = index;
+  PartMedia images, videos;
+  std::string problem = spec.format == DatasetFormat::alpaca
+                            ? read_alpaca(sample, f, out)
+                            : read_messages(sample, spec, root, index, out, images, videos);
+  if (problem.empty()) problem = take_media(sample, f.images, root, images, out.images);
+  if (problem.empty()) problem = take_media(sample, f.videos, root, videos, out.videos);
+  if (!problem.empty()) return problem;
+  if (!out.videos.empty())
+    throw DataError(
+        fmt::format("conversation dataset {} sample {} has videos: video samples are not supported in "
+                    "this version of Loom; remove the sample or its videos",
+                    spec.path, index));
+  if (const auto system = sample.find(f.system_prompt); system != sample.end() && !system->is_null()) {
+    if (!system->is_string())
+      return fmt::format("\"{}\" must be a string, got {}", f.system_prompt, system->type_name());
+    const std::string& text = system->get_ref<const std::string&>();
+    if (!text.empty()) {
+      if (out.messages.empty() || out.messages[0].role != Role::system)
+        out.messages.insert(out.messages.begin(), Message{Role::system, text});
+      else if (out.messages[0].content != text)
+        return fmt::format("its system message and its \"{}\" field differ; give one", f.system_prompt);
     }
   }
   return conversation_problem(out);
 }
 
 }  // namespace
+
+const char* format_name(DatasetFormat format) {
+  switch (format) {
+    case DatasetFormat::detect:
+      return "detect";
+    case DatasetFormat::messages:
+      return "messages";
+    case DatasetFormat::sharegpt:
+      return "sharegpt";
+    case DatasetFormat::alpaca:
+      return "alpaca";
+  }
+  return "?";
+}
+
+FieldNames field_names(DatasetFormat format) {
+  FieldNames f;
+  if (format == DatasetFormat::sharegpt) {
+    f.messages = "conversations";
+    f.role = "from";
+    f.content = "value";
+    f.user = "human";
+    f.assistant = "gpt";
+    f.observation = "observation";
+    f.function = "function_call";
+  }
+  return f;
+}
+
+void set_field_names(FieldNames& names, const std::map<std::string, std::string>& given,
+                     const std::string& source) {
+  const std::map<std::string, std::string FieldNames::*> slots = {
+      {"messages", &FieldNames::messages}, {"images", &FieldNames::images},
+      {"videos", &FieldNames::videos},     {"audios", &FieldNames::audios},
+      {"tools", &FieldNames::tools},       {"system_prompt", &FieldNames::system_prompt},
+      {"prompt", &FieldNames::prompt},     {"query", &FieldNames::query},
+      {"response", &FieldNames::response}, {"history", &FieldNames::history},
+      {"role", &FieldNames::role},         {"content", &FieldNames::content},
+      {"user", &FieldNames::user},         {"assistant", &FieldNames::assistant},
+      {"system", &FieldNames::system},     {"observation", &FieldNames::observation},
+      {"function", &FieldNames::function}};
+  for (const auto& [field, name] : given) {
+    const auto slot = slots.find(field);
+    if (slot == slots.end())
+      throw ConfigError(fmt::format("{}: unknown field '{}' in fields", source, field));
+    names.*(slot->second) = name;
+  }
+}
+
+std::string DetectedFormat::description() const {
+  if (format == DatasetFormat::alpaca)
+    return fmt::format("alpaca ({} / {} / {}, {})", fields.prompt, fields.query, fields.response,
+                       fields.history);
+  return fmt::format("{} ({}: {}/{}, {}/{})", format_name(format), fields.messages, fields.role,
+                     fields.content, fields.user, fields.assistant);
+}
+
+DetectedFormat detect_format(const json& first, const std::string& path) {
+  std::vector<std::string> keys;
+  if (first.is_object()) {
+    for (const auto& [key, value] : first.items()) keys.push_back(key);
+    for (const char* list : {"messages", "conversations"}) {
+      const auto messages = first.find(list);
+      if (messages == first.end() || !messages->is_array()) continue;
+      const json* message = messages->empty() ? nullptr : &(*messages)[0];
+      DetectedFormat out;
+      if (message && message->is_object() && message->contains("from")) out.format = DatasetFormat::sharegpt;
+      out.fields = field_names(out.format);
+      out.fields.messages = list;
+      return out;
+    }
+    if (first.contains("instruction") || first.contains("output"))
+      return {DatasetFormat::alpaca, field_names(DatasetFormat::alpaca)};
+  }
+  throw DataError(fmt::format(
+      "conversation dataset {}: cannot tell its format from its first sample (keys: {}): a \"messages\" or "
+      "\"conversations\" list, or alpaca's \"instruction\" and \"output\", were expected; give the file's "
+      "format and fields (docs/config.md, \"Dataset files\")",
+      path, keys.empty() ? std::string("none") : fmt::format("{}", fmt::join(keys, ", "))));
+}
 
 int64_t count_image_placeholders(const std::string& text) {
   int64_t count = 0;
@@ -224,9 +488,16 @@ std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& s
   const std::filesystem::path root =
       spec.root.empty() ? std::filesystem::path(spec.path).parent_path() : std::filesystem::path(spec.root);
   std::vector<Conversation> out;
+  DatasetSpec read = spec;  // with the detected format's names, once the first sample is seen
   auto take = [&](const json& sample, int64_t index) {
+    if (read.format == DatasetFormat::detect && sample.is_object()) {
+      const DetectedFormat detected = detect_format(sample, spec.path);
+      read.format = detected.format;
+      read.fields = detected.fields;
+      spdlog::info("conversation dataset {}: format {} detected", spec.path, detected.description());
+    }
     Conversation conversation;
-    std::string problem = parse_sample(sample, spec, root, index, conversation);
+    std::string problem = parse_sample(sample, read, root, index, conversation);
     if (problem.empty()) {
       out.push_back(std::move(conversation));
     } else {

@@ -1,11 +1,13 @@
-// Conversation datasets as MindSpeed MM / LLaMA-Factory users write them (JSON array or JSONL of
-// {"messages": [...], "images": [...]}), the record of samples skipped as unusable, and a seeded,
-// weighted mix of several datasets with random access.
+// Conversation datasets as MindSpeed MM / LLaMA-Factory / TRL users write them (a JSON array or
+// JSON lines; OpenAI-style messages, ShareGPT conversations or Alpaca instructions), the record of
+// samples skipped as unusable, and a seeded, weighted mix of several datasets with random access.
 #pragma once
 #include <cstddef>
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <mutex>
+#include <nlohmann/json_fwd.hpp>
 #include <string>
 #include <vector>
 
@@ -13,26 +15,65 @@
 
 namespace loom::data {
 
-// The keys and role names a dataset file uses. ShareGPT-style files, for example, are read with
-// messages="conversations", role="from", content="value", user="human", assistant="gpt".
+// How a file's samples are laid out (LLaMA-Factory's "formatting"):
+// - messages: {"messages": [{"role": "user", "content": ...}, ...]}, OpenAI's and TRL's layout
+//   (LLaMA-Factory's "openai", and its "sharegpt" with role/content tags);
+// - sharegpt: {"conversations": [{"from": "human", "value": ...}, ...]};
+// - alpaca: {"instruction": ..., "input": ..., "output": ..., "history": [[q, a], ...]};
+// - detect: one of them, told from the file's first sample (detect_format).
+enum class DatasetFormat { detect, messages, sharegpt, alpaca };
+const char* format_name(DatasetFormat format);  // "messages", "sharegpt", "alpaca", "detect"
+
+// The keys and role names a dataset file uses; defaults depend on the format (field_names).
 struct FieldNames {
-  std::string messages = "messages";
-  std::string images = "images";
+  // The sample's keys.
+  std::string messages = "messages";  // the message list (messages, sharegpt)
+  std::string images = "images";      // a path or a list of paths
   std::string videos = "videos";
+  std::string audios = "audios";         // an error when given: no model of Loom's hears
+  std::string tools = "tools";           // an error when given: tool descriptions are not supported yet
+  std::string system_prompt = "system";  // the sample's system message, a string beside the messages
+  std::string prompt = "instruction", query = "input", response = "output", history = "history";  // alpaca
+  // A message's keys.
   std::string role = "role";
-  std::string content = "content";
+  std::string content = "content";  // a string, or a list of content parts
+  // Role names. Observation (a tool's result) and function (a tool call) name the tool turns, which
+  // Loom does not train yet: such a sample is skipped and counted.
   std::string user = "user";
   std::string assistant = "assistant";
   std::string system = "system";
+  std::string observation = "tool";
+  std::string function = "function";
 };
 
-// One dataset file. Image paths in it are relative to root; an empty root means the directory the
-// file is in. Absolute image paths are used as they are.
+// A format's default names: messages as FieldNames{}; sharegpt with conversations, from, value,
+// human, gpt, observation and function_call.
+FieldNames field_names(DatasetFormat format);
+
+// Sets the field names `given` maps (by FieldNames' member names: "messages", "system_prompt",
+// "user", ...). ConfigError naming `source` and the key for a name FieldNames does not have.
+void set_field_names(FieldNames& names, const std::map<std::string, std::string>& given,
+                     const std::string& source);
+
+// One dataset file. Image and video paths in it are relative to root; an empty root means the
+// directory the file is in. Absolute paths are used as they are.
 struct DatasetSpec {
   std::string path, root;
   double weight = 1.0;  // share of the mixed stream, relative to the other datasets' weights
-  FieldNames fields;
+  DatasetFormat format = DatasetFormat::messages;
+  FieldNames fields;  // when format is detect, the detected format's names replace these
 };
+
+// The format and names of a file whose first sample is `first`: messages or sharegpt when it has a
+// "messages" or "conversations" list (told apart by its first message's keys, role/content or
+// from/value; the list's key as found), alpaca when it has "instruction" or "output". DataError
+// naming `path` and the keys found otherwise.
+struct DetectedFormat {
+  DatasetFormat format = DatasetFormat::messages;
+  FieldNames fields;
+  std::string description() const;  // "sharegpt (conversations: from/value, human/gpt)"
+};
+DetectedFormat detect_format(const nlohmann::json& first, const std::string& path);
 
 enum class Role { system, user, assistant };
 
@@ -44,11 +85,13 @@ struct Message {
 struct Conversation {
   std::vector<Message> messages;
   std::vector<std::string> images;  // resolved paths, in the order of the "<image>" placeholders
+  std::vector<std::string> videos;  // resolved paths, in the order of the "<video>" placeholders
   std::string source;               // the dataset file, for messages
   int64_t index = -1;               // 0-based position of the sample in that file
 };
 
 constexpr const char* kImagePlaceholder = "<image>";
+constexpr const char* kVideoPlaceholder = "<video>";
 
 int64_t count_image_placeholders(const std::string& text);
 
@@ -103,11 +146,16 @@ class SkipLog {
 std::function<void(const SkipRecord&)> warn_once_per_sample(size_t named = 20);
 
 // Reads one dataset file: a JSON array of samples when its first non-blank character is '[', else
-// JSON lines (one sample per non-blank line). Returns the usable samples in file order; each
-// unusable one (not an object, no messages, an unknown role, a message without string content,
-// images not a list of strings, or a conversation_problem) is recorded in skips as a bad sample.
-// DataError naming the file and line/column for malformed JSON, and naming the sample for one
-// with videos (video samples are not supported in this version).
+// JSON lines (one sample per non-blank line), in spec.format (detected from the first sample, and
+// logged, when it is detect). Each sample becomes a Conversation: content-part lists
+// ([{"type": "text", "text": ...}, {"type": "image"}, ...]) are joined into text with a placeholder
+// per image or video part (a part's own path, when it gives one, is the sample's image or video); a
+// single path stands for a list of one; a sample's system_prompt field is its system message.
+// Returns the usable samples in file order; each unusable one (not an object, no messages, an
+// unknown role or content part, a tool turn, media not paths, or a conversation_problem) is
+// recorded in skips as a bad sample. DataError naming the file and line/column for malformed JSON,
+// and naming the sample and field for one with audio or tools (no model of Loom's hears, and tool
+// descriptions are not supported yet) or with videos (not supported in this version).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
 // Several conversation datasets as one stream, laid out as MixLayout says. Immutable after

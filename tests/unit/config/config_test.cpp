@@ -588,15 +588,16 @@ TEST(ParseConfigErrors, ModelShapes) {
 }
 
 TEST(ParseConfigErrors, DocumentShape) {
-  EXPECT_EQ(parse_error(kMinimal + "data: 5\n"),
-            "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-            "train_on_prompt, system_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, "
-            "video_size, frames, fps, "
-            "features, "
-            "eval_samples, "
-            "eval_max_new_tokens, "
-            "max_seq_len, overlong, "
-            "packing, num_workers, prefetch), got '5'");
+  EXPECT_EQ(
+      parse_error(kMinimal + "data: 5\n"),
+      "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
+      "dataset_info, train_on_prompt, system_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, "
+      "video_size, frames, fps, "
+      "features, "
+      "eval_samples, "
+      "eval_max_new_tokens, "
+      "max_seq_len, overlong, "
+      "packing, num_workers, prefetch), got '5'");
   EXPECT_EQ(
       parse_error("- a\n- b\n"),
       "job.yaml: expected a mapping of sections (model, data, parallel, features, training, tools), got a "
@@ -761,9 +762,34 @@ TEST(MessagesConfig, ErrorsNameTheKey) {
   EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, fields: {speaker: from}}]\n")
                 .find("unknown key 'data.datasets[0].fields.speaker'"),
             std::string::npos);
-  EXPECT_NE(parse_error(with_tok + "  datasets: [{root: x}]\n")
-                .find("missing required key 'data.datasets[0].path'"),
-            std::string::npos);
+  EXPECT_NE(
+      parse_error(with_tok + "  datasets: [{root: x}]\n")
+          .find("missing required key 'data.datasets[0].path' (the conversation file, a JSON array or JSON "
+                "lines; or name, a dataset of data.dataset_info)"),
+      std::string::npos);
+  // A dataset of a LLaMA-Factory registry, by name: with the registry, instead of a path.
+  const JobConfig named = parse_config(
+      with_tok + "  dataset_info: lf/dataset_info.json\n  datasets: [{name: mllm_demo, weight: 2}]\n",
+      "job.yaml");
+  EXPECT_EQ(named.data.dataset_info, "lf/dataset_info.json");
+  EXPECT_EQ(named.data.datasets.at(0).name, "mllm_demo");
+  EXPECT_TRUE(parse_config(to_yaml(named), "job.yaml") == named) << to_yaml(named);
+  EXPECT_EQ(parse_error(with_tok + "  datasets: [{name: mllm_demo}]\n"),
+            "job.yaml: missing required key 'data.dataset_info' (the LLaMA-Factory dataset_info.json that "
+            "data.datasets[0].name 'mllm_demo' is looked up in)");
+  EXPECT_NE(
+      parse_error(with_tok + "  dataset_info: i.json\n  datasets: [{name: d, path: a.jsonl}]\n")
+          .find("data.datasets[0].name: give it or data.datasets[0].path, not both (data.datasets[0].path is "
+                "a.jsonl)"),
+      std::string::npos);
+  EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl, format: jsonl}]\n")
+                .find("data.datasets[0].format: 'jsonl' is not one of auto, messages, sharegpt, alpaca"),
+            std::string::npos)
+      << parse_error(with_tok + "  datasets: [{path: a.jsonl, format: jsonl}]\n");
+  EXPECT_EQ(parse_config(with_tok + "  datasets: [{path: a.jsonl, format: sharegpt}]\n", "job.yaml")
+                .data.datasets.at(0)
+                .format,
+            "sharegpt");
   EXPECT_NE(parse_error(with_tok + "  datasets: a.jsonl\n").find("data.datasets: expected a list"),
             std::string::npos);
   EXPECT_NE(parse_error(with_tok + "  datasets: [{path: a.jsonl}]\n  image_size: 56\n")

@@ -138,7 +138,10 @@ TEST(ReadConversations, BadSamplesAreSkippedCountedAndExplained) {
   const std::map<int64_t, std::string> reasons = {
       {1, "\"messages\" is empty"},
       {2, "no \"messages\" field"},
-      {3, "message 1 has unknown role \"tool\"; valid roles are \"system\", \"user\" and \"assistant\""},
+      {3,
+       "message 1 is a tool turn (role \"tool\"); tool calls and their results are not trained in this "
+       "version "
+       "of Loom"},
       {4,
        "message 0 is an assistant message where a user message must come (after an optional first system "
        "message, user and assistant messages alternate, starting with user)"},

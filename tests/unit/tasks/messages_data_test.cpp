@@ -137,6 +137,54 @@ TEST_F(MessagesDataTest, ASystemPromptOpeningATemplateTagIsAConfigError) {
       MessagesData(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{})));
 }
 
+// The same two conversations as a plain messages file, as ShareGPT with a system field and single image
+// strings, as content-part lists, as alpaca, and named in a dataset_info.json: the same token ids and
+// labels, each file's format detected (or given by the registry).
+TEST_F(MessagesDataTest, EquivalentFormatsGiveTheSameTokenIds) {
+  const std::string plain = R"([
+{"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "<image>Colour?"},
+              {"role": "assistant", "content": "red"}], "images": ["red.png"]},
+{"messages": [{"role": "user", "content": "<image>And this?"}, {"role": "assistant", "content": "blue"}],
+ "images": ["sky.jpg"]}])";
+  const std::vector<std::string> equivalents = {
+      R"({"conversations": [{"from": "human", "value": "<image>Colour?"}, {"from": "gpt", "value": "red"}],)"
+      R"( "system": "Be brief.", "images": "red.png"})"
+      "\n"
+      R"({"conversations": [{"from": "human", "value": "<image>And this?"}, {"from": "gpt", "value": "blue"}],)"
+      R"( "images": "sky.jpg"})"
+      "\n",
+      R"([{"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                        {"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Colour?"}]},
+                        {"role": "assistant", "content": [{"type": "text", "text": "red"}]}], "images": ["red.png"]},
+          {"messages": [{"role": "user", "content": [{"type": "image", "image": "sky.jpg"}, {"type": "text", "text": "And this?"}]},
+                        {"role": "assistant", "content": "blue"}]}])",
+      R"([{"instruction": "<image>Colour?", "output": "red", "system": "Be brief.", "images": ["red.png"]},
+          {"instruction": "<image>And this?", "input": "", "output": "blue", "images": "sky.jpg"}])",
+  };
+  const auto batch = [this](const std::string& eval_text, const std::string& registry = "") {
+    config::DataSection d = section(eval_text, 2);
+    if (!registry.empty()) {
+      write(dir_ + "/dataset_info.json", registry);
+      d.dataset_info = dir_ + "/dataset_info.json";
+      d.eval_datasets[0].path.clear();
+      d.eval_datasets[0].name = "held_out";
+    }
+    const MessagesData data(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{}));
+    return data.eval_examples(0, 2);
+  };
+  const data::Batch expected = batch(plain);
+  ASSERT_EQ(expected.input_ids.size(0), 2);
+  for (const std::string& text : equivalents) {
+    const data::Batch got = batch(text);
+    EXPECT_TRUE(at::equal(got.input_ids, expected.input_ids)) << text;
+    EXPECT_TRUE(at::equal(got.labels, expected.labels)) << text;
+  }
+  const data::Batch named =
+      batch(equivalents[0], R"({"held_out": {"file_name": "eval.jsonl", "formatting": "sharegpt"}})");
+  EXPECT_TRUE(at::equal(named.input_ids, expected.input_ids));
+  EXPECT_TRUE(at::equal(named.labels, expected.labels));
+}
+
 TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {
   const std::string error = held_out_error(sample("red.png", "red") + sample("gone.png", "blue"), 2);
   EXPECT_EQ(error, "held-out sample 1 of " + dir_ +

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <utility>
 
+#include "loom/data/dataset_info.h"
 #include "loom/tasks/vlm_sft/hf_files.h"
 #include "loom/util/errors.h"
 
@@ -15,25 +16,33 @@ namespace fs = std::filesystem;
 
 namespace {
 
-data::DatasetSpec spec_of(const config::DatasetFile& file) {
+data::DatasetFormat format_of(const std::string& name) {
+  return name == "sharegpt" ? data::DatasetFormat::sharegpt
+         : name == "alpaca" ? data::DatasetFormat::alpaca
+                            : data::DatasetFormat::messages;
+}
+
+// A file of data.datasets as the reader takes it: named in data.dataset_info, as the registry
+// describes it (its root and fields, when given, in place of the registry's); else at its path, in
+// its format with its fields (format auto: detected when no fields are given, else messages).
+data::DatasetSpec spec_of(const config::DatasetFile& file, const config::DataSection& data) {
   data::DatasetSpec spec;
-  spec.path = file.path;
-  spec.root = file.root;
-  spec.weight = file.weight;
-  data::FieldNames& f = spec.fields;
-  for (const auto& [field, name] : file.fields) {
-    std::string* slot = field == "messages"    ? &f.messages
-                        : field == "images"    ? &f.images
-                        : field == "videos"    ? &f.videos
-                        : field == "role"      ? &f.role
-                        : field == "content"   ? &f.content
-                        : field == "user"      ? &f.user
-                        : field == "assistant" ? &f.assistant
-                        : field == "system"    ? &f.system
-                                               : nullptr;
-    if (!slot) throw ConfigError(fmt::format("{}: unknown field '{}' in fields", file.path, field));
-    *slot = name;
+  if (!file.name.empty()) {
+    if (file.format != "auto")
+      throw ConfigError(
+          fmt::format("data.datasets: {}: format is given by the entry's formatting in {}; remove it",
+                      file.name, data.dataset_info));
+    spec = data::registry_dataset(data.dataset_info, file.name);
+    if (!file.root.empty()) spec.root = file.root;
+  } else {
+    spec.path = file.path;
+    spec.root = file.root;
+    spec.format =
+        file.format == "auto" && file.fields.empty() ? data::DatasetFormat::detect : format_of(file.format);
+    spec.fields = data::field_names(spec.format);
   }
+  data::set_field_names(spec.fields, file.fields, file.name.empty() ? file.path : file.name);
+  spec.weight = file.weight;
   return spec;
 }
 
@@ -80,7 +89,7 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
   prompt_template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
 
   std::vector<data::DatasetSpec> specs;
-  for (const auto& file : data.datasets) specs.push_back(spec_of(file));
+  for (const auto& file : data.datasets) specs.push_back(spec_of(file, data));
   train_ = std::make_unique<data::ConversationMix>(specs, seed, skips_);
   // A held-out sample that cannot be used is an error, found here before any training: skipping
   // it would change what the evaluation measures, and finding it at the first evaluation would
@@ -88,7 +97,7 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
   // decoded once for both), and dropped.
   for (const auto& file : data.eval_datasets) {
     data::SkipLog problems;
-    auto samples = data::read_conversations(spec_of(file), problems);
+    auto samples = data::read_conversations(spec_of(file, data), problems);
     throw_if_unusable(problems);
     for (const data::Conversation& conversation : samples)
       held_out(conversation, /*with_replies=*/true, held_out(conversation, /*with_replies=*/false).images);
