@@ -21,7 +21,12 @@ struct VisionLanguageInputs {
   at::Tensor attention_mask;  // (B, L) int64, 1 for real tokens; undefined = all real
   at::Tensor pixel_values;    // the images' rows as the family's processor makes them; undefined: none
   at::Tensor image_grid_thw;  // (images, 3) int64: each image's grid, as its processor gives it
-  at::Tensor position_ids;    // the family's position ids; undefined = computed from the above
+  // Videos, for families whose processor takes them: their rows and grids as the processor makes
+  // them (undefined: none) and each video's seconds per temporal patch (empty: 1.0 each).
+  at::Tensor pixel_values_videos;
+  at::Tensor video_grid_thw;
+  std::vector<double> second_per_grid_ts;
+  at::Tensor position_ids;  // the family's position ids; undefined = computed from the above
   // Packed samples: input_ids is one row (B = 1) holding samples [cu[i], cu[i+1]); attention
   // and position ids restart at every sample, as if each ran alone. Empty: one sample per row.
   std::vector<int64_t> cu_seqlens;

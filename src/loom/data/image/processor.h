@@ -17,6 +17,7 @@ struct VisionInput {
   at::Tensor pixel_values;          // the rows the vision tower embeds, e.g. (24, 1176) float32
   std::array<int64_t, 3> grid_thw;  // the grid those rows form, as the family reads it
   int64_t tokens = 0;               // the image's feature tokens in the text (its block's pads)
+  double second_per_grid = 0;       // a video's seconds per temporal patch; 0 for an image
 };
 
 // The tokens an image is written with in the text: `start`, `tokens` times `pad` (the positions its

@@ -48,34 +48,27 @@ GridSize smart_resize(int64_t height, int64_t width, int64_t factor, int64_t min
   return {h_bar, w_bar};
 }
 
-VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions& options) {
-  const int64_t p = options.patch_size;
-  const int64_t m = options.merge_size;
-  const int64_t T = options.temporal_patch_size;
-  if (p <= 0 || m <= 0 || T <= 0) {
-    throw ConfigError("qwen2vl image options: patch_size " + std::to_string(p) + ", merge_size " +
-                      std::to_string(m) + ", temporal_patch_size " + std::to_string(T) +
-                      " must all be positive");
-  }
+namespace {
+
+// (H, W, 3) uint8 resized to `size` when it differs -> (3, H, W) float32:
+// x = float(u * (1/255) in double), then (x - mean) / std.
+at::Tensor normalized_planes(const Image& image, const GridSize& size, const Qwen2VLImageOptions& options) {
   if (image.height <= 0 || image.width <= 0 ||
       image.rgb.size() != static_cast<size_t>(image.height) * image.width * 3) {
-    throw DataError("qwen2vl_process_image: image is " + std::to_string(image.height) + "x" +
+    throw DataError("qwen2vl image processor: image is " + std::to_string(image.height) + "x" +
                     std::to_string(image.width) + " with " + std::to_string(image.rgb.size()) +
                     " bytes (expected positive sides and height*width*3 bytes)");
   }
-  const GridSize size =
-      smart_resize(image.height, image.width, p * m, options.min_pixels, options.max_pixels);
   Image resized_storage;
   const Image* source = &image;  // resized only when the size changes
   if (size.height != image.height || size.width != image.width) {
     resized_storage = resize_bicubic(image, static_cast<int>(size.height), static_cast<int>(size.width));
     source = &resized_storage;
   }
-
-  // (H, W, 3) uint8 -> (3, H, W) float32: x = float(u * (1/255) in double), then (x - mean) / std.
   const int64_t H = size.height, W = size.width, C = 3;
   constexpr double kRescale = 1.0 / 255.0;
-  std::vector<float> chw(static_cast<size_t>(C * H * W));
+  at::Tensor planes = at::empty({C, H, W}, at::kFloat);
+  float* chw = planes.data_ptr<float>();
   for (int64_t y = 0; y < H; ++y) {
     for (int64_t x = 0; x < W; ++x) {
       const uint8_t* px = source->pixel(static_cast<int>(y), static_cast<int>(x));
@@ -85,18 +78,53 @@ VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions&
       }
     }
   }
-  const at::Tensor planes = at::from_blob(chw.data(), {C, H, W}, at::kFloat);
+  return planes;
+}
 
-  // A still image is repeated to fill one temporal patch: (T, C, H, W), gt = 1.
-  const int64_t gt = 1, gh = H / p, gw = W / p;
-  const at::Tensor frames = planes.unsqueeze(0).expand({T, C, H, W});
+}  // namespace
+
+VisionInput qwen2vl_process_frames(const std::vector<Image>& frames, double fps,
+                                   const Qwen2VLImageOptions& options, bool video) {
+  const int64_t p = options.patch_size;
+  const int64_t m = options.merge_size;
+  const int64_t T = options.temporal_patch_size;
+  if (p <= 0 || m <= 0 || T <= 0) {
+    throw ConfigError("qwen2vl image options: patch_size " + std::to_string(p) + ", merge_size " +
+                      std::to_string(m) + ", temporal_patch_size " + std::to_string(T) +
+                      " must all be positive");
+  }
+  if (frames.empty()) throw DataError("qwen2vl image processor: a video without frames");
+  if (video && !(fps > 0 && std::isfinite(fps)))
+    throw DataError(
+        fmt::format("qwen2vl image processor: a video's frame rate must be positive, got {}", fps));
+  const int64_t min_pixels =
+      video && options.video_min_pixels > 0 ? options.video_min_pixels : options.min_pixels;
+  const int64_t max_pixels =
+      video && options.video_max_pixels > 0 ? options.video_max_pixels : options.max_pixels;
+  const Image& first = frames.front();
+  if (first.height <= 0 || first.width <= 0)
+    throw DataError(fmt::format("qwen2vl image processor: a frame is {}x{}", first.height, first.width));
+  // Every frame takes the size the first one gives.
+  const GridSize size = smart_resize(first.height, first.width, p * m, min_pixels, max_pixels);
+  std::vector<at::Tensor> planes;
+  for (const Image& frame : frames) planes.push_back(normalized_planes(frame, size, options));
+  // The last frame is repeated to fill the last temporal patch (a still image fills one).
+  while (planes.size() % static_cast<size_t>(T) != 0) planes.push_back(planes.back());
+  const int64_t C = 3, H = size.height, W = size.width;
+  const int64_t gt = static_cast<int64_t>(planes.size()) / T, gh = H / p, gw = W / p;
   // (gt, T, C, gh/m, m, p, gw/m, m, p) -> (gt, gh/m, gw/m, m, m, C, T, p, p) -> (gt*gh*gw, C*T*p*p)
-  // clone() gives the rows their own memory (the frames alias chw, which goes out of scope).
-  at::Tensor patches = frames.reshape({gt, T, C, gh / m, m, p, gw / m, m, p})
+  at::Tensor patches = at::stack(planes)
+                           .reshape({gt, T, C, gh / m, m, p, gw / m, m, p})
                            .permute({0, 3, 6, 4, 7, 2, 1, 5, 8})
                            .clone(at::MemoryFormat::Contiguous)
                            .view({gt * gh * gw, C * T * p * p});
-  return {patches, {gt, gh, gw}, merged_token_count({gt, gh, gw}, m)};
+  VisionInput out{patches, {gt, gh, gw}, merged_token_count({gt, gh, gw}, m)};
+  if (video) out.second_per_grid = static_cast<double>(T) / fps;
+  return out;
+}
+
+VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions& options) {
+  return qwen2vl_process_frames({image}, 0.0, options, /*video=*/false);
 }
 
 int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {

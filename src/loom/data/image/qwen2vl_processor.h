@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "loom/data/image/image.h"
 #include "loom/data/image/processor.h"
@@ -28,6 +29,7 @@ GridSize smart_resize(int64_t height, int64_t width, int64_t factor = 28, int64_
 struct Qwen2VLImageOptions {
   int64_t min_pixels = 56 * 56;
   int64_t max_pixels = 28 * 28 * 1280;
+  int64_t video_min_pixels = 0, video_max_pixels = 0;  // a video frame's bounds; 0: the image's
   int64_t patch_size = 14;
   int64_t temporal_patch_size = 2;
   int64_t merge_size = 2;
@@ -40,6 +42,15 @@ struct Qwen2VLImageOptions {
 // [C][T][patch][patch]; rows come in groups of merge_size^2 (one merge window), windows in row-major
 // order.
 VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions& options = {});
+
+// The frames of one video (or, with video false, the one frame of an image) as transformers'
+// Qwen2VLImageProcessor makes them: every frame resized to the size smart_resize gives the first
+// (within the video bounds when set), normalised, the last frame repeated until the count is a
+// multiple of temporal_patch_size, each temporal patch's rows in the image layout, patches in time
+// order: grid (frames / T, gh, gw). A video's second_per_grid is temporal_patch_size / fps.
+// DataError for no frames, a frame of no pixels, or a video fps that is not positive.
+VisionInput qwen2vl_process_frames(const std::vector<Image>& frames, double fps,
+                                   const Qwen2VLImageOptions& options, bool video);
 
 // Number of LLM tokens an image occupies after the merger: gt*gh*gw / merge^2.
 int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge = 2);

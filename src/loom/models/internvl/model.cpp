@@ -172,6 +172,8 @@ std::shared_ptr<const InternVLContext> InternVLForConditionalGeneration::context
     const VisionLanguageInputs& in, KVCache* cache, const parallel::ContextParallelGroup* cp) const {
   if (cache && cp && cp->enabled())
     throw ModelError("decoding with a key/value cache runs without context parallelism");
+  if (in.pixel_values_videos.defined() && in.pixel_values_videos.size(0) > 0)
+    throw ModelError("InternVL in this version of Loom takes images, not videos");
   auto c = std::make_shared<InternVLContext>();
   if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
     const int64_t tiles = in.pixel_values.size(0), tokens = config.vision.tile_tokens();
@@ -191,7 +193,7 @@ std::shared_ptr<const InternVLContext> InternVLForConditionalGeneration::context
           positions.max().item<int64_t>(), limit));
     const TextConfig& t = config.text();
     add_text_context(*c, in, rotary_angles(positions, t.head_dim(), t.rope_theta), config.image_token_id,
-                     language_model->model->tp, cp);
+                     /*video_token=*/-1, language_model->model->tp, cp);
     if (cache) add_cached_pass(*c, in, *cache);
     move_text_context(*c, device_);
   }

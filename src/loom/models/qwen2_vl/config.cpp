@@ -112,7 +112,7 @@ Qwen2VLConfig parse_qwen2vl_config(const json& hf, const std::string& family, co
     v.hidden_act = vis.string("hidden_act", "silu");
     v.window_size = vis.integer("window_size", 112);
     v.fullatt_block_indexes = vis.integers("fullatt_block_indexes", {});
-    v.tokens_per_second = vis.number("tokens_per_second", 2.0);
+    v.tokens_per_second = vis.number("tokens_per_second", 4.0);  // transformers' default
     for (auto i : v.fullatt_block_indexes)
       if (i < 0 || i >= v.depth)
         throw vis.error("fullatt_block_indexes", fmt::format("block {} is outside depth {}", i, v.depth));

@@ -26,7 +26,8 @@ struct VisionConfig {
   // Qwen2.5-VL window attention.
   int64_t window_size = 112;
   std::vector<int64_t> fullatt_block_indexes;
-  double tokens_per_second = 2.0;
+  double tokens_per_second =
+      4.0;  // Qwen2.5-VL: temporal positions a second of video (4: transformers' default)
 
   int64_t head_dim() const { return width / num_heads; }
   int64_t patch_row_width() const { return in_channels * temporal_patch_size * patch_size * patch_size; }

@@ -156,13 +156,23 @@ void add_qwen2vl_text_context(Qwen2VLContext& c, const VisionLanguageInputs& in,
                               const parallel::TensorParallelGroup& tp,
                               const parallel::ContextParallelGroup* cp) {
   at::Tensor positions = in.position_ids;
-  if (!positions.defined())
-    positions =
-        rope_index(in.input_ids, in.image_grid_thw, in.attention_mask, config, in.cu_seqlens).position_ids;
+  if (!positions.defined()) positions = rope_index(in, config).position_ids;
   const auto& t = config.text;
   const at::Tensor angles =
       nn::mrope_angles(positions, t.head_dim(), t.rope_theta, t.mrope_section);  // (B, L, D)
-  add_text_context(c, in, angles, config.tokens.image, tp, cp);
+  add_text_context(c, in, angles, config.tokens.image, config.tokens.video, tp, cp);
+}
+
+// `in` with its videos' rows and grids after its images', as one stream of vision items (the tower
+// runs each item's temporal patches apart, so one pass over both is the images' pass and the
+// videos').
+VisionLanguageInputs merged_vision(const VisionLanguageInputs& in) {
+  if (!in.pixel_values_videos.defined() || in.pixel_values_videos.size(0) == 0) return in;
+  VisionLanguageInputs out = in;
+  const bool images = in.pixel_values.defined() && in.pixel_values.size(0) > 0;
+  out.pixel_values = images ? at::cat({in.pixel_values, in.pixel_values_videos}) : in.pixel_values_videos;
+  out.image_grid_thw = images ? at::cat({in.image_grid_thw, in.video_grid_thw}) : in.video_grid_thw;
+  return out;
 }
 
 void move_shard(parallel::ContextShard& shard, const at::Device& device) {
@@ -189,8 +199,10 @@ std::shared_ptr<const Qwen2VLContext> qwen2vl_context(const VisionLanguageInputs
   if (cache && cp && cp->enabled())
     throw ModelError("decoding with a key/value cache runs without context parallelism");
   auto context = std::make_shared<Qwen2VLContext>();
-  if (inputs.pixel_values.defined() && inputs.pixel_values.size(0) > 0)
-    add_vision_context(*context, inputs, config.vision, vision_tp, cp);
+  // Images and videos as one stream of the tower's items: the images' rows, then the videos'.
+  const VisionLanguageInputs vision = merged_vision(inputs);
+  if (vision.pixel_values.defined() && vision.pixel_values.size(0) > 0)
+    add_vision_context(*context, vision, config.vision, vision_tp, cp);
   if (inputs.input_ids.defined()) {
     add_qwen2vl_text_context(*context, inputs, config, text_tp, cp);
     if (cache) add_cached_pass(*context, inputs, *cache);

@@ -11,9 +11,22 @@
 
 namespace loom::models {
 
-RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
-                     const at::Tensor& attention_mask, const Qwen2VLConfig& config,
-                     const std::vector<int64_t>& cu_seqlens) {
+namespace {
+
+// Qwen2.5-VL's temporal position of a video's temporal patch k: k x seconds per patch x
+// tokens_per_second, in float32 and truncated, as transformers computes it (an int64 range times a
+// float32 tensor): at 1.3 fps and 2 tokens a second, patch 39 is at 120 where double arithmetic
+// gives 119.
+int64_t temporal_position(int64_t k, double second_per_grid, double tokens_per_second) {
+  const float time = static_cast<float>(k) * static_cast<float>(second_per_grid);
+  return static_cast<int64_t>(time * static_cast<float>(tokens_per_second));
+}
+
+}  // namespace
+
+RopeIndex rope_index(const VisionLanguageInputs& in, const Qwen2VLConfig& config) {
+  const at::Tensor& input_ids = in.input_ids;
+  const std::vector<int64_t>& cu_seqlens = in.cu_seqlens;
   const int64_t batch = input_ids.size(0), length = input_ids.size(1);
   if (!cu_seqlens.empty() && (batch != 1 || cu_seqlens.front() != 0 || cu_seqlens.back() != length ||
                               !std::is_sorted(cu_seqlens.begin(), cu_seqlens.end())))
@@ -26,19 +39,26 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
   const int64_t merge = config.vision.spatial_merge_size;
   auto ids_tensor = input_ids.to(at::kLong).contiguous();
   auto ids = ids_tensor.accessor<int64_t, 2>();
-  at::Tensor mask_tensor = attention_mask.defined() ? attention_mask.to(at::kLong).contiguous()
-                                                    : at::ones({batch, length}, at::kLong);
+  at::Tensor mask_tensor = in.attention_mask.defined() ? in.attention_mask.to(at::kLong).contiguous()
+                                                       : at::ones({batch, length}, at::kLong);
   auto mask = mask_tensor.accessor<int64_t, 2>();
-  at::Tensor grid_tensor =
-      image_grid_thw.defined() ? image_grid_thw.to(at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
-  auto grid = grid_tensor.accessor<int64_t, 2>();
+  auto grid_of = [](const at::Tensor& grid) {
+    return grid.defined() ? grid.to(at::kLong).contiguous() : at::zeros({0, 3}, at::kLong);
+  };
+  const at::Tensor image_grids = grid_of(in.image_grid_thw), video_grids = grid_of(in.video_grid_thw);
+  auto image_grid = image_grids.accessor<int64_t, 2>();
+  auto video_grid = video_grids.accessor<int64_t, 2>();
+  const int64_t videos = video_grids.size(0);
+  if (!in.second_per_grid_ts.empty() && static_cast<int64_t>(in.second_per_grid_ts.size()) != videos)
+    throw ModelError(
+        fmt::format("second_per_grid_ts has {} entries for {} videos", in.second_per_grid_ts.size(), videos));
   // Qwen2.5-VL spaces the temporal axis by seconds; a still image has no time extent.
   const bool time_scaled = config.family() == VisionFamily::qwen2_5_vl;
 
   auto positions = at::ones({3, batch, length}, at::kLong);
   auto pos = positions.accessor<int64_t, 3>();
   auto deltas = at::zeros({batch, 1}, at::kLong);
-  int64_t image = 0;
+  int64_t image = 0, video = 0;
   for (int64_t b = 0; b < batch; ++b) {
     std::vector<int64_t> real;  // indices of real tokens
     for (int64_t i = 0; i < length; ++i)
@@ -52,50 +72,73 @@ RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_t
         max_pos = -1;
       }
       const int64_t token = ids[b][real[k]];
-      if (token == config.tokens.video)
-        throw ModelError("video inputs are not supported by this version of Loom's Qwen2-VL (sample " +
-                         std::to_string(b) + ")");
-      if (token != config.tokens.image) {
+      const bool is_video = token == config.tokens.video;
+      if (token != config.tokens.image && !is_video) {
         for (int axis = 0; axis < 3; ++axis) pos[axis][b][real[k]] = next;
         max_pos = next++;
         ++k;
         continue;
       }
-      if (image >= grid_tensor.size(0))
-        throw ModelError(fmt::format("sample {} has more image blocks than image_grid_thw rows ({})", b,
-                                     grid_tensor.size(0)));
-      const int64_t t = grid[image][0], h = grid[image][1] / merge, w = grid[image][2] / merge;
+      const char* kind = is_video ? "video" : "image";
+      int64_t& item = is_video ? video : image;
+      const auto& grid = is_video ? video_grid : image_grid;
+      const int64_t items = is_video ? videos : image_grids.size(0);
+      if (item >= items)
+        throw ModelError(
+            fmt::format("sample {} has more {} blocks than {}_grid_thw rows ({})", b, kind, kind, items));
+      const int64_t t = grid[item][0], h = grid[item][1] / merge, w = grid[item][2] / merge;
       const int64_t count = t * h * w;
       if (k + count > real.size())
-        throw ModelError(fmt::format("sample {}: image {} needs {} image tokens, the sequence ends first", b,
-                                     image, count));
+        throw ModelError(fmt::format("sample {}: {} {} needs {} {} tokens, the sequence ends first", b, kind,
+                                     item, count, kind));
       for (int64_t j = 1; j < count; ++j)
         if (segment_start[real[k + j]])
-          throw ModelError(fmt::format("packed row: image {} runs past the end of its sample at token {}",
-                                       image, real[k + j]));
+          throw ModelError(fmt::format("packed row: {} {} runs past the end of its sample at token {}", kind,
+                                       item, real[k + j]));
+      const double second_per_grid = !is_video ? 0.0
+                                     : in.second_per_grid_ts.empty()
+                                         ? 1.0
+                                         : in.second_per_grid_ts[static_cast<size_t>(item)];
       const int64_t start = next;
-      for (int64_t ti = 0; ti < t; ++ti)
+      for (int64_t ti = 0; ti < t; ++ti) {
+        const int64_t time =
+            time_scaled ? temporal_position(ti, second_per_grid, config.vision.tokens_per_second) : ti;
         for (int64_t hi = 0; hi < h; ++hi)
           for (int64_t wi = 0; wi < w; ++wi) {
             const int64_t at_index = real[k++];
-            if (ids[b][at_index] != config.tokens.image)
-              throw ModelError(fmt::format(
-                  "sample {}: image {} has fewer image tokens than its grid needs ({})", b, image, count));
-            pos[0][b][at_index] = start + (time_scaled ? 0 : ti);
+            if (ids[b][at_index] != token)
+              throw ModelError(fmt::format("sample {}: {} {} has fewer {} tokens than its grid needs ({})", b,
+                                           kind, item, kind, count));
+            pos[0][b][at_index] = start + time;
             pos[1][b][at_index] = start + hi;
             pos[2][b][at_index] = start + wi;
             max_pos = std::max({max_pos, pos[0][b][at_index], pos[1][b][at_index], pos[2][b][at_index]});
           }
+      }
       next = max_pos + 1;
-      ++image;
+      ++item;
     }
     // Packed: the last sample's delta, for generation after it.
     deltas[b][0] = max_pos + 1 - (cu_seqlens.empty() ? length : length - cu_seqlens[cu_seqlens.size() - 2]);
   }
-  if (image != grid_tensor.size(0))
+  if (image != image_grids.size(0))
     throw ModelError(fmt::format("image_grid_thw has {} images but the input ids hold {} image blocks",
-                                 grid_tensor.size(0), image));
+                                 image_grids.size(0), image));
+  if (video != videos)
+    throw ModelError(
+        fmt::format("video_grid_thw has {} videos but the input ids hold {} video blocks", videos, video));
   return {positions, deltas};
+}
+
+RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
+                     const at::Tensor& attention_mask, const Qwen2VLConfig& config,
+                     const std::vector<int64_t>& cu_seqlens) {
+  VisionLanguageInputs in;
+  in.input_ids = input_ids;
+  in.image_grid_thw = image_grid_thw;
+  in.attention_mask = attention_mask;
+  in.cu_seqlens = cu_seqlens;
+  return rope_index(in, config);
 }
 
 Qwen2VLForConditionalGeneration::Qwen2VLForConditionalGeneration(

@@ -27,10 +27,15 @@ struct RopeIndex {
   at::Tensor rope_deltas;   // (B, 1) int64: max position + 1 - sequence length
 };
 
-// M-RoPE position ids: text runs count up on all three axes; an image block starting at s takes
-// (s + t, s + row, s + col) over its merged grid; text after it continues at max + 1. Padding
+// M-RoPE position ids: text runs count up on all three axes; an image or video block starting at s
+// takes (s + t, s + row, s + col) over its merged grid (blocks in text order, each kind taking its
+// own grids in order); text after it continues at max + 1. The temporal index t of a video's patch
+// k is k for Qwen2-VL, and k x second_per_grid_ts x tokens_per_second for Qwen2.5-VL (1.0 seconds a
+// patch when second_per_grid_ts is empty; images 0), as transformers computes it. Padding
 // (attention_mask 0) gets position 1. With cu_seqlens (a single packed row), positions start again
 // at 0 for every sample, and rope_deltas is the last sample's.
+RopeIndex rope_index(const VisionLanguageInputs& inputs, const Qwen2VLConfig& config);
+// The same for images only.
 RopeIndex rope_index(const at::Tensor& input_ids, const at::Tensor& image_grid_thw,
                      const at::Tensor& attention_mask, const Qwen2VLConfig& config,
                      const std::vector<int64_t>& cu_seqlens = {});

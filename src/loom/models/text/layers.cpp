@@ -36,11 +36,23 @@ class EmbedLayer : public TextLayer {
     const auto& c = text_context(context);
     auto embeds = embed_->forward(c.input_ids);  // (B, L, hidden)
     if (carry.has("image_embeds")) {
+      // The images' rows, then the videos'.
       auto image_embeds = carry.take("image_embeds").to(embeds.scalar_type());
-      if (c.image_tokens != image_embeds.size(0))
+      if (c.video_tokens == 0 && c.image_tokens != image_embeds.size(0))
         throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings",
                                      c.image_tokens, image_embeds.size(0)));
-      embeds = embeds.masked_scatter(c.image_mask, image_embeds);
+      if (c.image_tokens + c.video_tokens != image_embeds.size(0))
+        throw ModelError(
+            fmt::format("the input ids hold {} image and {} video tokens but the vision tower gives {} "
+                        "embeddings",
+                        c.image_tokens, c.video_tokens, image_embeds.size(0)));
+      if (c.video_tokens == 0) {
+        embeds = embeds.masked_scatter(c.image_mask, image_embeds);
+      } else {
+        if (c.image_tokens > 0)
+          embeds = embeds.masked_scatter(c.image_mask, image_embeds.narrow(0, 0, c.image_tokens));
+        embeds = embeds.masked_scatter(c.video_mask, image_embeds.narrow(0, c.image_tokens, c.video_tokens));
+      }
     }
     if (c.text_shard.enabled()) embeds = c.text_shard.scatter(embeds.flatten(0, 1)).unsqueeze(0);
     carry.set("hidden", parallel::scatter_sequence(tp_, kTokenDim, embeds, c.text_chunks));
@@ -100,12 +112,17 @@ void move_shard(parallel::ContextShard& shard, const at::Device& device) {
 }  // namespace
 
 void add_text_context(TextContext& c, const VisionLanguageInputs& in, const at::Tensor& angles,
-                      int64_t image_token, const parallel::TensorParallelGroup& tp,
+                      int64_t image_token, int64_t video_token, const parallel::TensorParallelGroup& tp,
                       const parallel::ContextParallelGroup* cp) {
   c.input_ids = in.input_ids;
   const auto is_image = in.input_ids == image_token;
   c.image_mask = is_image.unsqueeze(-1);
   c.image_tokens = is_image.sum().item<int64_t>();
+  if (video_token >= 0) {
+    const auto is_video = in.input_ids == video_token;
+    c.video_tokens = is_video.sum().item<int64_t>();
+    if (c.video_tokens > 0) c.video_mask = is_video.unsqueeze(-1);
+  }
   c.cos = angles.cos().unsqueeze(2);  // (B, L, 1, D)
   c.sin = angles.sin().unsqueeze(2);
   c.cu_seqlens = in.cu_seqlens;
@@ -151,7 +168,7 @@ void add_cached_pass(TextContext& c, const VisionLanguageInputs& in, KVCache& ca
 }
 
 void move_text_context(TextContext& c, const at::Device& device) {
-  for (at::Tensor* t : {&c.input_ids, &c.image_mask, &c.cos, &c.sin, &c.cached.allowed})
+  for (at::Tensor* t : {&c.input_ids, &c.image_mask, &c.video_mask, &c.cos, &c.sin, &c.cached.allowed})
     if (t->defined()) *t = t->to(device, /*non_blocking=*/true);
   move_shard(c.text_shard, device);
 }

@@ -26,6 +26,8 @@ struct TextContext : VisionLanguageContext {
   at::Tensor input_ids;   // (B, L); undefined: only the vision tower runs
   at::Tensor image_mask;  // (B, L, 1): the tokens whose embeddings the image embeddings replace
   int64_t image_tokens = 0;
+  at::Tensor video_mask;  // (B, L, 1): the same for the videos' embeddings; undefined: no videos
+  int64_t video_tokens = 0;
   at::Tensor cos, sin;              // (B, L, 1, head_dim): the rotary tables of the tokens' positions
   std::vector<int64_t> cu_seqlens;  // packed samples of one row; empty: one per row
   parallel::SequenceChunks text_chunks;
@@ -40,11 +42,12 @@ struct TextContext : VisionLanguageContext {
 };
 
 // The text part of `c` for `in`: `angles` (B, L, head_dim) are the rotary angles of the tokens'
-// positions, `image_token` the id whose positions take the image embeddings. Under context
+// positions, `image_token` the id whose positions take the image embeddings and `video_token` (-1:
+// none) the id whose positions take the videos' (the vision tower's rows after the images'). Under context
 // parallelism (`cp` enabled) each packed sample (or row) is causal on its own, its tokens split
 // over the cp ranks; under sequence parallelism the tables are padded to the chunks.
 void add_text_context(TextContext& c, const VisionLanguageInputs& in, const at::Tensor& angles,
-                      int64_t image_token, const parallel::TensorParallelGroup& tp,
+                      int64_t image_token, int64_t video_token, const parallel::TensorParallelGroup& tp,
                       const parallel::ContextParallelGroup* cp);
 
 // Decoding over `cache` (one sample per row, no packing): the new tokens' mask joins the cache's, and
