@@ -211,21 +211,64 @@ int forward_vision_language(const models::NamedModel& named, const std::string& 
     pixels.push_back(processed.pixel_values);
     grids.insert(grids.end(), processed.grid_thw.begin(), processed.grid_thw.end());
   }
-  at::Tensor image_embeds = at::empty({0, model->hidden_size()});
+  // Videos: each a list of its frames' image files, taken video_fps a second.
+  const double fps = input.value("video_fps", 2.0);
+  std::vector<at::Tensor> video_pixels;
+  std::vector<int64_t> video_grids;
+  for (const auto& video : input.value("videos", nlohmann::json::array())) {
+    if (!video.is_array() || video.empty())
+      throw DataError(fmt::format(
+          "{}: each of \"videos\" must be a non-empty list of its frames' image files", input_path));
+    std::vector<data::Image> frames;
+    for (const auto& frame : video)
+      frames.push_back(
+          data::decode_image_file((fs::path(input_path).parent_path() / frame.get<std::string>()).string()));
+    const data::VisionInput processed = processor->process_video(frames, fps);
+    video_pixels.push_back(processed.pixel_values);
+    video_grids.insert(video_grids.end(), processed.grid_thw.begin(), processed.grid_thw.end());
+    inputs.second_per_grid_ts.push_back(processed.second_per_grid);
+  }
+  at::Tensor image_embeds = at::empty({0, model->hidden_size()}), video_embeds;
   at::NoGradGuard no_grad;
   if (!pixels.empty()) {
     inputs.pixel_values = at::cat(pixels);
     inputs.image_grid_thw = at::tensor(grids, at::kLong).view({-1, 3});
     image_embeds = model->image_embeddings(inputs.pixel_values, inputs.image_grid_thw);
   }
+  if (!video_pixels.empty()) {
+    inputs.pixel_values_videos = at::cat(video_pixels);
+    inputs.video_grid_thw = at::tensor(video_grids, at::kLong).view({-1, 3});
+    video_embeds = model->image_embeddings(inputs.pixel_values_videos, inputs.video_grid_thw);
+  }
   auto logits = model->whole_logits(model->hidden_states(inputs));
+  const at::Tensor positions = model->position_ids(inputs);
   if (!layout.is_main()) return 0;
   fs::create_directories(out_dir);
   write_f32(fs::path(out_dir) / "logits.bin", logits);
   write_f32(fs::path(out_dir) / "image_embeds.bin", image_embeds);
   nlohmann::json shapes = {{"logits", logits.sizes().vec()}, {"image_embeds", image_embeds.sizes().vec()}};
   if (inputs.pixel_values.defined()) shapes["pixel_values"] = inputs.pixel_values.sizes().vec();
+  if (video_embeds.defined()) {
+    write_f32(fs::path(out_dir) / "video_embeds.bin", video_embeds);
+    write_f32(fs::path(out_dir) / "pixel_values_videos.bin", inputs.pixel_values_videos);
+    shapes["video_embeds"] = video_embeds.sizes().vec();
+    shapes["pixel_values_videos"] = inputs.pixel_values_videos.sizes().vec();
+  }
   std::ofstream(fs::path(out_dir) / "shapes.json") << shapes.dump(2) << "\n";
+  // The positions the language model gave the tokens, and the grids they follow from.
+  auto rows = [](const at::Tensor& t) {
+    const at::Tensor c = t.to(at::kLong).contiguous();
+    return nlohmann::json(std::vector<int64_t>(c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()));
+  };
+  nlohmann::json layout_json = {
+      {"position_ids_shape", positions.sizes().vec()},
+      {"position_ids", rows(positions)},
+      {"image_grid_thw",
+       inputs.image_grid_thw.defined() ? rows(inputs.image_grid_thw) : nlohmann::json::array()},
+      {"video_grid_thw",
+       inputs.video_grid_thw.defined() ? rows(inputs.video_grid_thw) : nlohmann::json::array()},
+      {"second_per_grid_ts", inputs.second_per_grid_ts}};
+  std::ofstream(fs::path(out_dir) / "positions.json") << layout_json.dump() << "\n";
   fmt::print("wrote {} (logits {}, image_embeds {})\n", out_dir, fmt::join(logits.sizes(), "x"),
              fmt::join(image_embeds.sizes(), "x"));
   return 0;
@@ -263,15 +306,18 @@ Command add_forward(CLI::App& loom) {
   auto arguments = std::make_shared<Arguments>();
   auto* command = loom.add_subcommand(
       "forward",
-      "One forward pass of a model directory on given inputs, by the model's kind: ids and images (a "
-      "vision-language model: logits.bin, image_embeds.bin), ids and an attention mask (a text encoder: "
+      "One forward pass of a model directory on given inputs, by the model's kind: ids, images and videos (a "
+      "vision-language model: logits.bin, image_embeds.bin, video_embeds.bin, positions.json), ids and an "
+      "attention mask (a text encoder: "
       "last_hidden_state.bin), or a reference run's io.json (a denoiser: out.bin; a latent codec: "
       "<case>_mu.bin, <case>_log_var.bin, <case>_decoded_raw.bin)");
   command->add_option("--model", arguments->model_dir, "Model directory (config.json + safetensors)")
       ->required();
   command
-      ->add_option("--input", arguments->input_path,
-                   "JSON with input_ids (list of lists) and images (paths) or attention_mask (list of lists)")
+      ->add_option(
+          "--input", arguments->input_path,
+          "JSON with input_ids (list of lists), images (paths) and videos (each a list of its frames' "
+          "paths, taken video_fps a second, default 2), or attention_mask (list of lists)")
       ->required();
   command
       ->add_option("--out", arguments->out_dir,

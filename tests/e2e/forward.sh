@@ -103,3 +103,89 @@ PY
     done
   done
 done
+# Qwen2-VL and Qwen2.5-VL videos given as frame files (transformers' run on them:
+# tests/fixtures/hf-qwen2-vl-video), on one and two ranks (tensor parallelism): pixel values within
+# 1e-5, the grid and every position id exact, video embeddings and logits within 1e-4. Then clips of
+# 2 frames (Qwen2-VL's first temporal patch) and 1 frame (Qwen2.5-VL's last, an odd clip's repeated
+# frame) in the same text with 6 video pads: their patch of the fixture's rows and embeddings, and the
+# positions M-RoPE gives a 1-patch block.
+VID="$SRC/tests/fixtures/hf-qwen2-vl-video"
+for family in qwen2_vl qwen2_5_vl; do
+  for clip in whole short; do
+    python3 - "$VID/$family" "$clip" "$WORK/video-$family-$clip.json" <<'PY'
+import json, sys
+fix, clip, out = sys.argv[1:]
+src = json.load(open(f"{fix}/input.json"))
+frames, ids = src["frames"], src["input_ids"][0]
+if clip == "short":
+    frames = frames[-1:] if len(frames) % 2 else frames[:2]  # 1 frame (odd clip) or 2
+    pad = src["token_ids"]["video_pad"]
+    first = ids.index(pad)
+    ids = ids[:first] + [pad] * 6 + ids[first + src["num_video_tokens"]:]
+json.dump({"input_ids": [ids], "videos": [[f"{fix}/{f}" for f in frames]], "video_fps": src["fps"]}, open(out, "w"))
+PY
+    for ranks in 1 2; do
+      out="$WORK/video-$family-$clip-$ranks"
+      if [ "$ranks" = 1 ]; then
+        "$LOOM" forward --model "$VID/$family" --input "$WORK/video-$family-$clip.json" --out "$out" > /dev/null ||
+          fail "$family video forward failed"
+      else
+        "$LOOM" run -n 2 -- "$LOOM" forward --model "$VID/$family" --input "$WORK/video-$family-$clip.json" \
+          --out "$out" > /dev/null || fail "$family video forward over two ranks failed"
+      fi
+      python3 - "$out" "$VID/$family" "$clip" "$family $ranks rank(s) $clip" "$WORK/video-$family-$clip.json" <<'PY'
+import json, struct, sys
+out, fix, clip, what, given = sys.argv[1:]
+def floats(path):
+    data = open(path, "rb").read()
+    return struct.unpack(f"<{len(data) // 4}f", data)
+src = json.load(open(f"{fix}/input.json"))
+got = json.load(open(f"{out}/positions.json"))
+shapes = json.load(open(f"{out}/shapes.json"))
+odd = len(src["frames"]) % 2
+def check(name, rows_per_patch, bound, patch=None):
+    a, b = floats(f"{out}/{name}.bin"), floats(f"{fix}/{name}.bin")
+    if patch is not None:  # the fixture's rows of one temporal patch
+        width = len(b) // (3 * rows_per_patch)
+        b = b[patch * rows_per_patch * width:(patch + 1) * rows_per_patch * width]
+    assert len(a) == len(b), (name, len(a), len(b))
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    print(f"{what} {name}: max abs difference {diff:.2e}")
+    assert diff < bound, (name, diff)
+if clip == "whole":
+    assert got["video_grid_thw"] == [3, 4, 6], got["video_grid_thw"]
+    flat = [p for axis in src["position_ids"] for row in axis for p in row]
+    assert got["position_ids"] == flat, "position ids differ"
+    if "second_per_grid_ts" in src:
+        assert abs(got["second_per_grid_ts"][0] - src["second_per_grid_ts"][0]) < 1e-15, got["second_per_grid_ts"]
+    check("pixel_values_videos", 24, 1e-5)
+    check("video_embeds", 6, 1e-4)
+    a, b = floats(f"{out}/logits.bin"), floats(f"{fix}/logits.bin")
+    diff = max(abs(x - y) for x, y in zip(a, b))
+    print(f"{what} logits: max abs difference {diff:.2e}")
+    assert diff < 1e-4, diff
+else:
+    assert got["video_grid_thw"] == [1, 4, 6], got["video_grid_thw"]
+    patch = 2 if odd else 0
+    check("pixel_values_videos", 24, 1e-5, patch)
+    check("video_embeds", 6, 1e-4, patch)
+    # Text counts up; the block of 6 tokens (2 x 3 merged) starts at s: (s, s + row, s + col).
+    ids = json.load(open(given))["input_ids"][0]
+    pad = src["token_ids"]["video_pad"]
+    first, n = ids.index(pad), len(ids)
+    want = [[], [], []]
+    for i in range(n):
+        for axis in range(3):
+            if i < first:
+                want[axis].append(i)
+            elif i < first + 6:
+                k = i - first
+                want[axis].append(first + (0, k // 3, k % 3)[axis])
+            else:
+                want[axis].append(i - 6 + 3)  # max in the block is first + 2, then + 1
+    assert got["position_ids"] == want[0] + want[1] + want[2], "short clip position ids differ"
+    assert shapes["logits"] == [1, n, 256], shapes
+PY
+    done
+  done
+done

@@ -32,4 +32,8 @@ ImageProcessorSettings read_image_processor_settings(const std::string& dir) {
   return {file[within], path.string()};
 }
 
+VisionInput ImageProcessor::process_video(const std::vector<Image>&, double) const {
+  throw DataError("this model's processor takes images, not videos");
+}
+
 }  // namespace loom::data

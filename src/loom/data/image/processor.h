@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "loom/data/image/image.h"
 
@@ -45,6 +46,10 @@ class ImageProcessor {
   virtual ~ImageProcessor() = default;
   // One decoded image; DataError when it cannot be processed.
   virtual VisionInput process(const Image& image) const = 0;
+  // Whether the family's model takes videos, and one video's frames taken `fps` a second; DataError
+  // when they cannot be processed or (the default) the family takes no videos.
+  virtual bool takes_videos() const { return false; }
+  virtual VisionInput process_video(const std::vector<Image>& frames, double fps) const;
   virtual const ImageBlock& block() const = 0;
   // Bounds on an image's pixel count (data.min_pixels, data.max_pixels; 0 keeps the processor's
   // own): ConfigError when the family's processor has no such bounds.

@@ -67,6 +67,10 @@ class Qwen2VLImageProcessor : public ImageProcessor {
  public:
   explicit Qwen2VLImageProcessor(const Qwen2VLImageOptions& options) : options_(options) {}
   VisionInput process(const Image& image) const override { return qwen2vl_process_image(image, options_); }
+  bool takes_videos() const override { return true; }
+  VisionInput process_video(const std::vector<Image>& frames, double fps) const override {
+    return qwen2vl_process_frames(frames, fps, options_, /*video=*/true);
+  }
   const ImageBlock& block() const override;
   void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
   // At side x side: min_pixels = max_pixels = side^2.

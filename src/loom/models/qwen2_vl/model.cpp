@@ -221,8 +221,7 @@ double Qwen2VLForConditionalGeneration::training_flops(const std::vector<int64_t
 
 at::Tensor Qwen2VLForConditionalGeneration::position_ids(const VisionLanguageInputs& inputs) const {
   if (inputs.position_ids.defined()) return inputs.position_ids;
-  return rope_index(inputs.input_ids, inputs.image_grid_thw, inputs.attention_mask, config, inputs.cu_seqlens)
-      .position_ids;
+  return rope_index(inputs, config).position_ids;
 }
 
 std::unique_ptr<VisionLanguageDecoder> Qwen2VLForConditionalGeneration::decoder() const {
