@@ -386,6 +386,9 @@ void check_rules(const SectionReader& r, const DataSection& d) {
   if (d.max_pixels > 0 && d.max_pixels < d.min_pixels)
     r.fail(&S::max_pixels, fmt::format("must be >= {} ({}), got {}", key::name_of(&S::min_pixels),
                                        d.min_pixels, d.max_pixels));
+  if (d.video_max_pixels > 0 && d.video_max_pixels < d.video_min_pixels)
+    r.fail(&S::video_max_pixels, fmt::format("must be >= {} ({}), got {}", key::name_of(&S::video_min_pixels),
+                                             d.video_min_pixels, d.video_max_pixels));
   if (!d.dir.empty() && d.dataset == "shapes_vqa")
     r.fail(&S::dir, "is not used by dataset shapes_vqa (it is generated, not read); remove it");
   if (d.reads(ReadBy::built_in_images) && (d.image_size <= 0 || d.image_size % 28 != 0))

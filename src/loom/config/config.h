@@ -134,6 +134,11 @@ struct DataSection {
   std::optional<std::string> system_prompt;
   // The image processor's pixel bounds; 0: the model's image processor's own.
   int64_t min_pixels = 0, max_pixels = 0;
+  // Conversations' videos: frames taken video_fps a second, at most video_max_frames, each within
+  // the video pixel bounds (0: the image bounds).
+  double video_fps = 2.0;
+  int64_t video_max_frames = 128;
+  int64_t video_min_pixels = 0, video_max_pixels = 0;
   // shapes_vqa and fashion_mnist only:
   std::string dir;          // fashion_mnist's files; empty = the Debian package's
   int64_t image_size = 56;  // positive multiple of 28
@@ -179,6 +184,11 @@ struct DataSection {
     k("min_pixels", &S::min_pixels, ReadBy::messages, at_least(0));
     k("max_pixels", &S::max_pixels, ReadBy::messages, at_least(0),
       at_most(int64_t{89'478'485}));  // decode's kMaxImagePixels
+    k("video_fps", &S::video_fps, ReadBy::messages, above(0.0), at_most(1000.0));
+    k("video_max_frames", &S::video_max_frames, ReadBy::messages, at_least(int64_t{1}),
+      at_most(int64_t{4096}));
+    k("video_min_pixels", &S::video_min_pixels, ReadBy::messages, at_least(0));
+    k("video_max_pixels", &S::video_max_pixels, ReadBy::messages, at_least(0), at_most(int64_t{89'478'485}));
     k("dir", &S::dir, ReadBy::built_in);
     k("image_size", &S::image_size, ReadBy::built_in_images, at_most(int64_t{4032}));
     k("hflip", &S::hflip, ReadBy::fashion_mnist);

@@ -10,17 +10,18 @@ namespace loom::data {
 SampleCost cost_of(const TokenizedExample& example) {
   SampleCost cost;
   cost.tokens = static_cast<int64_t>(example.input_ids.size());
-  for (const VisionInput& image : example.images)
-    cost.patches += image.grid_thw[0] * image.grid_thw[1] * image.grid_thw[2];
+  for (const auto* items : {&example.images, &example.videos})
+    for (const VisionInput& item : *items)
+      cost.patches += item.grid_thw[0] * item.grid_thw[1] * item.grid_thw[2];
   return cost;
 }
 
 bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision_start_id,
-                      int64_t vision_end_id) {
+                      int64_t vision_end_id, int64_t video_pad_id) {
   const auto& ids = example.input_ids;
   if (static_cast<int64_t>(ids.size()) <= max_len) return false;
   int64_t cut = std::max<int64_t>(max_len, 0);
-  size_t kept_images = 0;
+  size_t kept_images = 0, kept_videos = 0;
   for (int64_t i = 0; i < cut; ++i) {
     if (ids[i] != vision_start_id) continue;
     const auto end = std::find(ids.begin() + i, ids.end(), vision_end_id);
@@ -28,12 +29,16 @@ bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision
       cut = i;
       break;
     }
-    ++kept_images;
+    if (i + 1 < cut && ids[i + 1] == video_pad_id)
+      ++kept_videos;
+    else
+      ++kept_images;
     i = end - ids.begin();
   }
   example.input_ids.resize(cut);
   example.labels.resize(cut);
   if (example.images.size() > kept_images) example.images.resize(kept_images);
+  if (example.videos.size() > kept_videos) example.videos.resize(kept_videos);
   return true;
 }
 

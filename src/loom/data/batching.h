@@ -11,17 +11,17 @@ namespace loom::data {
 
 struct SampleCost {
   int64_t tokens = 0;   // LLM tokens, image pads included
-  int64_t patches = 0;  // vision patches (rows of pixel_values) of all its images
+  int64_t patches = 0;  // vision patches (rows of pixel_values) of all its images and videos
 };
 
 SampleCost cost_of(const TokenizedExample& example);
 
 // Cuts an example to at most max_len tokens without splitting an image: when the cut falls inside
-// a <|vision_start|> ... <|vision_end|> block, it moves to before the block, and the images of
-// removed blocks go too. Labels are cut with the ids. Returns false (example unchanged) when it
-// already fits.
+// a <|vision_start|> ... <|vision_end|> block, it moves to before the block, and the images (and
+// videos: blocks whose first pad is video_pad_id) of removed blocks go too. Labels are cut with the
+// ids. Returns false (example unchanged) when it already fits.
 bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision_start_id,
-                      int64_t vision_end_id);
+                      int64_t vision_end_id, int64_t video_pad_id = -1);
 
 // Splits n items among `ranks` data-parallel ranks, n / ranks each, the first n % ranks ranks one
 // more (DataError when a rank would get none), balancing tokens and patches together. Items are taken by

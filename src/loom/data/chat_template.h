@@ -28,11 +28,16 @@ struct ChatTemplateOptions {
   // The model's image processor: what an image becomes and the tokens of its block. Null: text-only
   // chats (an <image> placeholder is a DataError).
   std::shared_ptr<const ImageProcessor> processor;
+  // A video's frames: taken video_fps a second (a frame list: the rate it was taken at), at most
+  // video_max_frames of them (read_video_frames).
+  double video_fps = 2.0;
+  int64_t video_max_frames = 128;
 };
 
 struct ConversationExample {
   std::vector<int64_t> input_ids, labels;  // labels aligned with input_ids, kIgnoreIndex = no loss
   std::vector<VisionInput> images;         // one per <image>, in order of appearance
+  std::vector<VisionInput> videos;         // one per <video>, in order of appearance
   std::string answer;                      // the final assistant message
   int64_t prompt_length = 0;               // tokens before the final assistant message's content
   std::string source;                      // dataset file and sample, for messages
@@ -61,13 +66,15 @@ class ChatTemplate {
   // tokenizer lacks <|im_start|>, <|im_end|> or a token of the processor's image block.
   explicit ChatTemplate(const Tokenizer& tokenizer, ChatTemplateOptions options = {});
 
-  // The conversation with its images already processed (one VisionInput per image, in order).
-  // DataError naming the sample when conversation_problem() finds one or the image count differs.
-  ConversationExample apply(const Conversation& conversation, std::vector<VisionInput> images) const;
+  // The conversation with its images and videos already processed (one VisionInput each, in order).
+  // DataError naming the sample when conversation_problem() finds one or a count differs.
+  ConversationExample apply(const Conversation& conversation, std::vector<VisionInput> images,
+                            std::vector<VisionInput> videos = {}) const;
 
-  // Decodes and processes the conversation's images, then applies the template. A missing image
-  // file, an image that fails to decode or process, or a conversation_problem() is recorded in
-  // skips and gives nullopt. Safe to call from several threads at once if the tokenizer is.
+  // Decodes and processes the conversation's images and videos, then applies the template. A missing
+  // image or video file (or frame), one that fails to decode or process, or a conversation_problem()
+  // is recorded in skips and gives nullopt. DataError when the conversation has videos and the
+  // model's processor takes none. Safe to call from several threads at once if the tokenizer is.
   std::optional<ConversationExample> build(const Conversation& conversation, SkipLog& skips) const;
 
   // A text-only chat as a model's prompt (inference, `loom data tokenize --chat`): every message as
@@ -84,13 +91,14 @@ class ChatTemplate {
   // The template of messages[0, end) with the images of their placeholders, then the generation
   // prompt when asked; replies labelled when `labelled` (train_on_prompt then labels the prompt too).
   ConversationExample render(const std::vector<Message>& messages, size_t end,
-                             const std::vector<VisionInput>& images, bool generation_prompt,
-                             bool labelled) const;
+                             const std::vector<VisionInput>& images, const std::vector<VisionInput>& videos,
+                             bool generation_prompt, bool labelled) const;
 
   const Tokenizer* tokenizer_;
   ChatTemplateOptions options_;
   int64_t im_start_, im_end_;
   int64_t block_start_ = -1, block_end_ = -1, block_pad_ = -1;  // -1: no processor
+  int64_t video_pad_ = -1;                                      // -1: no videos
 };
 
 // The Jinja of the template as a checkpoint carries it (tokenizer_config.json, chat_template.json):

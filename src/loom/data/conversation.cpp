@@ -47,20 +47,52 @@ bool given(const json& sample, const std::string& key) {
          !(value->is_string() && value->get_ref<const std::string&>().empty());
 }
 
-// Appends the paths under `key` (a path, or a list of them) to `out`, resolved against root; the
-// reason they cannot be used, or "".
-std::string read_paths(const json& sample, const std::string& key, const fs::path& root,
-                       std::vector<std::string>& out) {
+// A local path as a sample gives it: "file://" dropped; the reason in `problem` for a URL or inline
+// data, which Loom does not fetch.
+std::string local_path(const std::string& given, std::string& problem) {
+  std::string path = given.rfind("file://", 0) == 0 ? given.substr(7) : given;
+  for (const char* scheme : {"http://", "https://", "data:"})
+    if (path.rfind(scheme, 0) == 0)
+      problem = fmt::format("it names {}...; Loom reads local files, not URLs or inline data", scheme);
+  return path;
+}
+
+// One image or video as a sample names it: a file, or (a video, when `frames` allows) a non-empty
+// list of its frames' image files; resolved against root. The reason it cannot be used, or "".
+std::string read_source(const json& value, const fs::path& root, bool frames, VideoSource& out) {
+  std::string problem;
+  if (value.is_string() && !value.get_ref<const std::string&>().empty()) {
+    out.file = (root / local_path(value.get<std::string>(), problem)).string();
+    return problem;
+  }
+  if (!frames || !value.is_array() || value.empty())
+    return frames ? "a path or a list of frame paths" : "a path";
+  for (const json& frame : value) {
+    if (!frame.is_string() || frame.get_ref<const std::string&>().empty()) return "a list of frame paths";
+    out.frames.push_back((root / local_path(frame.get<std::string>(), problem)).string());
+    if (!problem.empty()) return problem;
+  }
+  return "";
+}
+
+// Appends the images or videos under `key` (one of them, or a list) to `out`; the reason they
+// cannot be used, or "".
+std::string read_sources(const json& sample, const std::string& key, const fs::path& root, bool frames,
+                         std::vector<VideoSource>& out) {
   const auto value = sample.find(key);
   if (value == sample.end() || value->is_null()) return "";
-  const json one = value->is_string() ? json::array({*value}) : json();
-  const json& paths = value->is_string() ? one : *value;
-  if (!paths.is_array())
-    return fmt::format("\"{}\" must be a path or a list of paths, got {}", key, value->type_name());
-  for (const json& path : paths) {
-    if (!path.is_string() || path.get_ref<const std::string&>().empty())
-      return fmt::format("\"{}\" must be a path or a list of non-empty paths", key);
-    out.push_back((root / path.get<std::string>()).string());
+  const bool one = value->is_string();
+  const json list = one ? json::array({*value}) : json();
+  const json& entries = one ? list : *value;
+  if (!entries.is_array())
+    return fmt::format("\"{}\" must be {} or a list of them, got {}", key, frames ? "a video" : "a path",
+                       value->type_name());
+  for (const json& entry : entries) {
+    VideoSource source;
+    if (std::string what = read_source(entry, root, frames, source); !what.empty())
+      return fmt::format("\"{}\" must list {}: {}", key,
+                         frames ? "videos (each a file or a list of frame files)" : "non-empty paths", what);
+    out.push_back(std::move(source));
   }
   return "";
 }
@@ -68,37 +100,29 @@ std::string read_paths(const json& sample, const std::string& key, const fs::pat
 // The images and videos content parts bring, and how many parts named none (they take the sample's
 // "images" / "videos" in order).
 struct PartMedia {
-  std::vector<std::string> paths;
+  std::vector<VideoSource> sources;
   int64_t without_path = 0;
 };
 
-// The local file a media part names: its value under `type` ("x.jpg", "file:///x.jpg" or
-// {"url": ...}), "url" or "path"; "" when it names none. The reason in `problem` for a URL Loom
-// does not fetch.
-std::string part_path(const json& part, const std::string& type, std::string& problem) {
+// The image or video a media part names: its value under `type` (a path, "file:///x.jpg",
+// {"url": ...}, or a video's list of frame paths), "url" or "path". False when it names none; the
+// reason in `problem` when it cannot be used.
+bool part_source(const json& part, const std::string& type, const fs::path& root, bool frames,
+                 VideoSource& out, std::string& problem) {
   for (const std::string& key : {type, std::string("url"), std::string("path")}) {
     const auto value = part.find(key);
     if (value == part.end() || value->is_null()) continue;
-    const json* text = &*value;
+    const json* given = &*value;
     if (value->is_object()) {
       const auto url = value->find("url");
       if (url == value->end()) continue;
-      text = &*url;
+      given = &*url;
     }
-    if (!text->is_string()) {
-      problem = fmt::format("its \"{}\" is not a path", key);
-      return "";
-    }
-    std::string path = text->get<std::string>();
-    if (path.rfind("file://", 0) == 0) path = path.substr(7);
-    for (const char* scheme : {"http://", "https://", "data:"})
-      if (path.rfind(scheme, 0) == 0) {
-        problem = fmt::format("it names {}...; Loom reads local files, not URLs or inline data", scheme);
-        return "";
-      }
-    return path;
+    if (std::string what = read_source(*given, root, frames, out); !what.empty())
+      problem = what.rfind("it names", 0) == 0 ? what : fmt::format("its \"{}\" is not {}", key, what);
+    return true;
   }
-  return "";
+  return false;
 }
 
 // A message's content: a string as it is, or a content-part list joined into text with a
@@ -125,13 +149,14 @@ std::string read_content(const json& content, size_t m, const FieldNames& f, con
     } else if (name == "image" || name == "image_url" || name == "video" || name == "video_url") {
       const bool image = name.rfind("image", 0) == 0;
       std::string problem;
-      const std::string path = part_path(part, name, problem);
+      VideoSource source;
+      const bool named = part_source(part, name, root, /*frames=*/!image, source, problem);
       if (!problem.empty()) return fmt::format("message {} content part {} ({}): {}", m, p, name, problem);
       PartMedia& media = image ? images : videos;
-      if (path.empty())
+      if (!named)
         ++media.without_path;
       else
-        media.paths.push_back((root / path).string());
+        media.sources.push_back(std::move(source));
       text += image ? kImagePlaceholder : kVideoPlaceholder;
     } else if (name == "audio" || name == "input_audio" || name == "audio_url") {
       throw DataError(
@@ -225,16 +250,16 @@ std::string read_alpaca(const json& sample, const FieldNames& f, Conversation& o
 
 // The sample's images or videos: from its content parts or its `key` field, not both.
 std::string take_media(const json& sample, const std::string& key, const fs::path& root,
-                       const PartMedia& parts, std::vector<std::string>& out) {
-  if (std::string problem = read_paths(sample, key, root, out); !problem.empty()) return problem;
-  if (parts.paths.empty()) return "";
+                       const PartMedia& parts, bool frames, std::vector<VideoSource>& out) {
+  if (std::string problem = read_sources(sample, key, root, frames, out); !problem.empty()) return problem;
+  if (parts.sources.empty()) return "";
   if (!out.empty())
     return fmt::format("content parts give paths and so does \"{}\"; give them in one place", key);
   if (parts.without_path > 0)
     return fmt::format(
         "some content parts give a path and {} do not; give every path in its part or all in \"{}\"",
         parts.without_path, key);
-  out = parts.paths;
+  out = parts.sources;
   return "";
 }
 
@@ -260,14 +285,11 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const fs::
   std::string problem = spec.format == DatasetFormat::alpaca
                             ? read_alpaca(sample, f, out)
                             : read_messages(sample, spec, root, index, out, images, videos);
-  if (problem.empty()) problem = take_media(sample, f.images, root, images, out.images);
-  if (problem.empty()) problem = take_media(sample, f.videos, root, videos, out.videos);
+  std::vector<VideoSource> image_sources;
+  if (problem.empty()) problem = take_media(sample, f.images, root, images, /*frames=*/false, image_sources);
+  if (problem.empty()) problem = take_media(sample, f.videos, root, videos, /*frames=*/true, out.videos);
   if (!problem.empty()) return problem;
-  if (!out.videos.empty())
-    throw DataError(
-        fmt::format("conversation dataset {} sample {} has videos: video samples are not supported in "
-                    "this version of Loom; remove the sample or its videos",
-                    spec.path, index));
+  for (VideoSource& image : image_sources) out.images.push_back(std::move(image.file));
   if (const auto system = sample.find(f.system_prompt); system != sample.end() && !system->is_null()) {
     if (!system->is_string())
       return fmt::format("\"{}\" must be a string, got {}", f.system_prompt, system->type_name());
@@ -364,13 +386,23 @@ DetectedFormat detect_format(const json& first, const std::string& path) {
       path, keys.empty() ? std::string("none") : fmt::format("{}", fmt::join(keys, ", "))));
 }
 
-int64_t count_image_placeholders(const std::string& text) {
+namespace {
+
+int64_t count_placeholders(const std::string& text, const std::string& placeholder) {
   int64_t count = 0;
-  const std::string placeholder = kImagePlaceholder;
   for (size_t at = text.find(placeholder); at != std::string::npos;
        at = text.find(placeholder, at + placeholder.size()))
     ++count;
   return count;
+}
+
+}  // namespace
+
+int64_t count_image_placeholders(const std::string& text) {
+  return count_placeholders(text, kImagePlaceholder);
+}
+int64_t count_video_placeholders(const std::string& text) {
+  return count_placeholders(text, kVideoPlaceholder);
 }
 
 std::string chat_problem(const std::vector<Message>& messages) {
@@ -391,6 +423,10 @@ std::string chat_problem(const std::vector<Message>& messages) {
     if (message.role != Role::user && count_image_placeholders(message.content) > 0) {
       return fmt::format("message {} ({}) has an {} placeholder; images belong in user messages", m,
                          role_name(message.role), kImagePlaceholder);
+    }
+    if (message.role != Role::user && count_video_placeholders(message.content) > 0) {
+      return fmt::format("message {} ({}) has a {} placeholder; videos belong in user messages", m,
+                         role_name(message.role), kVideoPlaceholder);
     }
     for (const char* token : {"<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"}) {
       if (message.content.find(token) != std::string::npos) {
@@ -413,6 +449,12 @@ std::string conversation_problem(const Conversation& conversation) {
   if (placeholders != static_cast<int64_t>(conversation.images.size())) {
     return fmt::format("{} {} placeholders but {} images; each image needs exactly one placeholder",
                        placeholders, kImagePlaceholder, conversation.images.size());
+  }
+  int64_t video_placeholders = 0;
+  for (const Message& message : messages) video_placeholders += count_video_placeholders(message.content);
+  if (video_placeholders != static_cast<int64_t>(conversation.videos.size())) {
+    return fmt::format("{} {} placeholders but {} videos; each video needs exactly one placeholder",
+                       video_placeholders, kVideoPlaceholder, conversation.videos.size());
   }
   return "";
 }

@@ -82,10 +82,16 @@ struct Message {
   std::string content;  // text; each "<image>" in a user message stands for the next image
 };
 
+// A video as a sample names it: a file (decoded through FFmpeg), or its frames as image files.
+struct VideoSource {
+  std::string file;                 // resolved path; empty for a frame list
+  std::vector<std::string> frames;  // resolved paths, in time order
+};
+
 struct Conversation {
   std::vector<Message> messages;
   std::vector<std::string> images;  // resolved paths, in the order of the "<image>" placeholders
-  std::vector<std::string> videos;  // resolved paths, in the order of the "<video>" placeholders
+  std::vector<VideoSource> videos;  // in the order of the "<video>" placeholders
   std::string source;               // the dataset file, for messages
   int64_t index = -1;               // 0-based position of the sample in that file
 };
@@ -94,16 +100,18 @@ constexpr const char* kImagePlaceholder = "<image>";
 constexpr const char* kVideoPlaceholder = "<video>";
 
 int64_t count_image_placeholders(const std::string& text);
+int64_t count_video_placeholders(const std::string& text);
 
 // Why messages do not form a chat, or "" when they do: an optional system message first, then user
-// and assistant messages alternating, starting with a user message; "<image>" placeholders only in
-// user messages; no literal vision tokens (<|vision_start|>, <|vision_end|>, <|image_pad|>,
+// and assistant messages alternating, starting with a user message; "<image>" and "<video>"
+// placeholders only in user messages; no literal vision tokens (<|vision_start|>, <|vision_end|>,
+// <|image_pad|>,
 // <|video_pad|>) in any content, since they would desynchronise image tokens and image features.
 std::string chat_problem(const std::vector<Message>& messages);
 
 // Why the chat template cannot be applied to a training conversation, or "" when it can: a
 // chat_problem, a last message that is not an assistant one, or not as many "<image>" placeholders
-// as images.
+// as images (or "<video>" placeholders as videos).
 std::string conversation_problem(const Conversation& conversation);
 
 enum class SkipKind { missing_image, corrupt_image, bad_sample, missing_video, corrupt_video };
@@ -153,9 +161,10 @@ std::function<void(const SkipRecord&)> warn_once_per_sample(size_t named = 20);
 // single path stands for a list of one; a sample's system_prompt field is its system message.
 // Returns the usable samples in file order; each unusable one (not an object, no messages, an
 // unknown role or content part, a tool turn, media not paths, or a conversation_problem) is
-// recorded in skips as a bad sample. DataError naming the file and line/column for malformed JSON,
-// and naming the sample and field for one with audio or tools (no model of Loom's hears, and tool
-// descriptions are not supported yet) or with videos (not supported in this version).
+// recorded in skips as a bad sample. A video is a file or a list of frame files (LLaMA-Factory's
+// nested lists). DataError naming the file and line/column for malformed JSON, and naming the sample
+// and field for one with audio or tools (no model of Loom's hears, and tool descriptions are not
+// supported yet).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
 // Several conversation datasets as one stream, laid out as MixLayout says. Immutable after

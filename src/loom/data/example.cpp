@@ -54,23 +54,30 @@ void check_aligned(const TokenizedExample& ex) {
   if (ex.input_ids.empty()) throw DataError("collate: an example has no tokens");
 }
 
-// Collects the examples' image patches and grids, in order, into the batch.
-void add_images(const std::vector<TokenizedExample>& examples, Batch& out) {
+// Collects the examples' image (or video) patches and grids, in order: (rows, ...) and (items, 3).
+void add_vision(const std::vector<TokenizedExample>& examples, bool videos, at::Tensor& pixel_values,
+                at::Tensor& grid_thw, std::vector<double>* second_per_grid_ts) {
   std::vector<at::Tensor> pixels;
   std::vector<int64_t> grids;
   for (size_t b = 0; b < examples.size(); ++b) {
-    for (const VisionInput& vision : examples[b].images) {
+    for (const VisionInput& vision : videos ? examples[b].videos : examples[b].images) {
       const auto& g = vision.grid_thw;
       if (!vision.pixel_values.defined() || vision.pixel_values.dim() < 2 || vision.pixel_values.size(0) < 1)
-        throw DataError(fmt::format("collate: example {} has an image without pixel rows (grid ({}, {}, {}))",
-                                    b, g[0], g[1], g[2]));
+        throw DataError(fmt::format("collate: example {} has an {} without pixel rows (grid ({}, {}, {}))", b,
+                                    videos ? "video" : "image", g[0], g[1], g[2]));
       pixels.push_back(vision.pixel_values);
       grids.insert(grids.end(), g.begin(), g.end());
+      if (second_per_grid_ts) second_per_grid_ts->push_back(vision.second_per_grid);
     }
   }
-  // pixel_values (every image's rows, ...); image_grid_thw (num_images, 3)
-  out.pixel_values = pixels.empty() ? at::empty({0, 0}, at::kFloat) : at::cat(pixels, 0).to(at::kFloat);
-  out.image_grid_thw = at::tensor(grids, at::kLong).reshape({static_cast<int64_t>(grids.size() / 3), 3});
+  pixel_values = pixels.empty() ? at::empty({0, 0}, at::kFloat) : at::cat(pixels, 0).to(at::kFloat);
+  grid_thw = at::tensor(grids, at::kLong).reshape({static_cast<int64_t>(grids.size() / 3), 3});
+}
+
+// The examples' images and videos, each in order, into the batch.
+void add_images(const std::vector<TokenizedExample>& examples, Batch& out) {
+  add_vision(examples, /*videos=*/false, out.pixel_values, out.image_grid_thw, nullptr);
+  add_vision(examples, /*videos=*/true, out.pixel_values_videos, out.video_grid_thw, &out.second_per_grid_ts);
   for (const TokenizedExample& ex : examples) {
     out.questions.push_back(ex.question);
     out.answers.push_back(ex.answer);

@@ -18,6 +18,7 @@ constexpr int64_t kIgnoreIndex = -100;  // label of a token that carries no loss
 struct TokenizedExample {
   std::vector<int64_t> input_ids, labels;       // labels aligned with input_ids, kIgnoreIndex = no loss
   std::vector<VisionInput> images;              // in order of their image blocks
+  std::vector<VisionInput> videos;              // in order of their video blocks
   std::string question, answer, question_type;  // for evaluation and its report
   int64_t prompt_length = 0;                    // tokens before the answer
 };
@@ -32,12 +33,15 @@ TokenizedExample build_vqa_example(const WordTokenizer& tokenizer, const VqaSamp
                                    const ImageProcessor& processor, bool with_answer);
 
 struct Batch {
-  at::Tensor input_ids;           // (B, L) int64, right-padded with pad_id
-  at::Tensor labels;              // (B, L) int64, kIgnoreIndex on padding and prompt
-  at::Tensor attention_mask;      // (B, L) int64, 1 real token, 0 padding
-  at::Tensor pixel_values;        // every image's rows (VisionInput) concatenated, in order of appearance
-  at::Tensor image_grid_thw;      // (num_images, 3) int64
-  int64_t num_target_tokens = 0;  // labels that are a next-token target (!= kIgnoreIndex, not first)
+  at::Tensor input_ids;            // (B, L) int64, right-padded with pad_id
+  at::Tensor labels;               // (B, L) int64, kIgnoreIndex on padding and prompt
+  at::Tensor attention_mask;       // (B, L) int64, 1 real token, 0 padding
+  at::Tensor pixel_values;         // every image's rows (VisionInput) concatenated, in order of appearance
+  at::Tensor image_grid_thw;       // (num_images, 3) int64
+  at::Tensor pixel_values_videos;  // every video's rows, in order of appearance; (0, 0) without videos
+  at::Tensor video_grid_thw;       // (num_videos, 3) int64
+  std::vector<double> second_per_grid_ts;  // each video's seconds per temporal patch
+  int64_t num_target_tokens = 0;           // labels that are a next-token target (!= kIgnoreIndex, not first)
   // Packed batches: one row (B = 1) of examples [cu[i], cu[i+1]) back to back, no padding. Empty
   // for a padded batch (one example per row).
   std::vector<int64_t> cu_seqlens;

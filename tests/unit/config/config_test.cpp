@@ -591,7 +591,8 @@ TEST(ParseConfigErrors, DocumentShape) {
   EXPECT_EQ(
       parse_error(kMinimal + "data: 5\n"),
       "job.yaml: data: expected a mapping of keys (dataset, tokenizer, datasets, eval_datasets, "
-      "dataset_info, train_on_prompt, system_prompt, min_pixels, max_pixels, dir, image_size, hflip, shift, "
+      "dataset_info, train_on_prompt, system_prompt, min_pixels, max_pixels, video_fps, video_max_frames, "
+      "video_min_pixels, video_max_pixels, dir, image_size, hflip, shift, "
       "video_size, frames, fps, "
       "features, "
       "eval_samples, "

@@ -170,10 +170,14 @@ TEST(ReadConversations, SkipLogKeepsABoundedListButCountsEverything) {
   EXPECT_EQ(skips.records()[2].sample_index, 3);
 }
 
-TEST(ReadConversations, VideosAreAnExplicitError) {
+TEST(ReadConversations, VideosAreFilesOrFrameLists) {
   SkipLog skips;
-  const std::string message = message_of<DataError>([&] { read_conversations(spec("videos.json"), skips); });
-  EXPECT_TRUE(says_all(message, {kDir + "/videos.json sample 1", "video samples are not supported"}));
+  const std::vector<Conversation> samples = read_conversations(spec("videos.json"), skips);
+  ASSERT_EQ(samples.size(), 2u);
+  EXPECT_EQ(skips.counts().total(), 0);
+  ASSERT_EQ(samples[1].videos.size(), 1u);
+  EXPECT_EQ(samples[1].videos[0].file, kDir + "/clips/fall.mp4");
+  EXPECT_TRUE(samples[1].videos[0].frames.empty());
 }
 
 TEST(ReadConversations, MalformedJsonNamesFileAndPosition) {

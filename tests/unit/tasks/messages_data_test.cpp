@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <optional>
 #include <string>
@@ -14,6 +15,7 @@
 #include "../checkpoint/temp_dir.h"
 #include "loom/data/image/qwen2vl_processor.h"
 #include "loom/data/tokenizer/tokenizer.h"
+#include "loom/data/video/gif_writer.h"
 #include "loom/util/errors.h"
 
 namespace loom::tasks {
@@ -183,6 +185,69 @@ TEST_F(MessagesDataTest, EquivalentFormatsGiveTheSameTokenIds) {
       batch(equivalents[0], R"({"held_out": {"file_name": "eval.jsonl", "formatting": "sharegpt"}})");
   EXPECT_TRUE(at::equal(named.input_ids, expected.input_ids));
   EXPECT_TRUE(at::equal(named.labels, expected.labels));
+}
+
+// Videos in a training file: a list of frame files (the video fixture's 5 frames, an odd clip), a GIF
+// file of 6 frames at 10 fps (taken at data.video_fps 5 over its 0.6 s: 3 frames, 2 temporal
+// patches), beside an image sample; a corrupt and an empty video file are skipped as corrupt videos,
+// a missing one as a missing video. Each video is <|vision_start|>, its tokens of <|video_pad|>,
+// <|vision_end|> where its <video> was, never labelled, and its seconds per temporal patch are
+// 2 / the rate its frames were taken at. Frames are sized by the video bounds, not the images'.
+TEST_F(MessagesDataTest, VideosAreFramesOrFilesAndBadOnesAreSkippedAndCounted) {
+  const std::string frames = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/hf-qwen2-vl-video/qwen2_5_vl/";
+  data::Video clip{6, 28, 28, 10.0, std::vector<uint8_t>(6 * 28 * 28 * 3)};
+  for (size_t i = 0; i < clip.rgb.size(); ++i)
+    clip.rgb[i] = static_cast<uint8_t>((i * 7 + i / 2352 * 40) % 256);
+  data::write_gif(clip, dir_ + "/clip.gif");
+  write(dir_ + "/corrupt.mp4", "not a video at all, just bytes");
+  write(dir_ + "/empty.mp4", "");
+  auto video_sample = [](const std::string& videos, const std::string& answer) {
+    return R"({"messages": [{"role": "user", "content": "<video>What moves?"}, {"role": "assistant", "content": ")" +
+           answer + R"("}], "videos": )" + videos + "}\n";
+  };
+  std::string frame_list = "[[";
+  for (int f = 0; f < 5; ++f)
+    frame_list += (f ? ", " : "") + std::string("\"") + frames + "frame_00" + std::to_string(f) + ".png\"";
+  frame_list += "]]";
+  write(dir_ + "/train.jsonl", video_sample(frame_list, "a") + video_sample("\"clip.gif\"", "b") +
+                                   video_sample("[\"corrupt.mp4\"]", "c") +
+                                   video_sample("[\"empty.mp4\"]", "d") +
+                                   video_sample("[\"missing.mp4\"]", "e") + sample("red.png", "red"));
+  config::DataSection d = section(sample("red.png", "red"));
+  d.video_fps = 5;
+  d.video_max_pixels = 12544;  // images stay within 3136 (section())
+  d.train_on_prompt = true;
+  const MessagesData data(d, 1, std::make_unique<data::Qwen2VLImageProcessor>(data::Qwen2VLImageOptions{}));
+  // One epoch, in the mix's order: every sample once.
+  const TrainSamples samples = data.train_examples(0, 6);
+  EXPECT_EQ(samples.skipped, 3);
+  ASSERT_EQ(samples.examples.size(), 3u);
+  const auto loaded = data::load_tokenizer(kFixtures + "/chatml_bpe_tokenizer.json");
+  const int64_t start = loaded->id("<|vision_start|>"), pad = loaded->id("<|video_pad|>"),
+                end = loaded->id("<|vision_end|>");
+  int videos = 0;
+  for (const data::TokenizedExample& ex : samples.examples) {
+    if (ex.videos.empty()) continue;
+    ++videos;
+    const data::VisionInput& video = ex.videos.at(0);
+    const bool listed = ex.answer == "a";
+    // 5 frames of 56x84 -> 3 patches of 4x6; the GIF's 3 frames of 28x28 resized to 56x56 -> 2 of 4x4.
+    EXPECT_EQ(video.grid_thw, listed ? (std::array<int64_t, 3>{3, 4, 6}) : (std::array<int64_t, 3>{2, 4, 4}));
+    EXPECT_DOUBLE_EQ(video.second_per_grid, 2.0 / 5.0);
+    const auto block = std::find(ex.input_ids.begin(), ex.input_ids.end(), start);
+    ASSERT_NE(block, ex.input_ids.end());
+    EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), pad), video.tokens);
+    EXPECT_EQ(*(block + 1), pad);
+    EXPECT_EQ(*(block + 1 + video.tokens), end);
+    for (size_t i = 0; i < ex.input_ids.size(); ++i)
+      if (ex.input_ids[i] == pad) EXPECT_EQ(ex.labels[i], data::kIgnoreIndex);
+  }
+  EXPECT_EQ(videos, 2);
+  const data::Batch batch = data::collate(samples.examples, 0);
+  EXPECT_EQ(batch.video_grid_thw.size(0), 2);
+  EXPECT_EQ(batch.pixel_values_videos.size(0), 3 * 4 * 6 + 2 * 4 * 4);
+  EXPECT_EQ(batch.second_per_grid_ts, (std::vector<double>{0.4, 0.4}));
+  EXPECT_EQ(batch.image_grid_thw.size(0), 1);
 }
 
 TEST_F(MessagesDataTest, AMissingHeldOutImageIsAnErrorNamingTheSample) {

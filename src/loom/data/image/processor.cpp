@@ -36,4 +36,9 @@ VisionInput ImageProcessor::process_video(const std::vector<Image>&, double) con
   throw DataError("this model's processor takes images, not videos");
 }
 
+void ImageProcessor::set_video_pixel_bounds(int64_t, int64_t) {
+  throw ConfigError(
+      "data.video_min_pixels, data.video_max_pixels: this model's processor takes images, not videos");
+}
+
 }  // namespace loom::data

@@ -27,6 +27,7 @@ struct VisionInput {
 struct ImageBlock {
   std::string start, pad, end;
   std::string in_template;  // empty: start, pad and end
+  std::string video_pad;    // a video's block is start, its tokens times video_pad, end; empty: no videos
 
   std::string template_text() const { return in_template.empty() ? start + pad + end : in_template; }
 };
@@ -50,6 +51,9 @@ class ImageProcessor {
   // when they cannot be processed or (the default) the family takes no videos.
   virtual bool takes_videos() const { return false; }
   virtual VisionInput process_video(const std::vector<Image>& frames, double fps) const;
+  // Bounds on a video frame's pixels (data.video_min_pixels, data.video_max_pixels; 0 keeps the
+  // image bounds): ConfigError when the family takes no videos (the default).
+  virtual void set_video_pixel_bounds(int64_t min_pixels, int64_t max_pixels);
   virtual const ImageBlock& block() const = 0;
   // Bounds on an image's pixel count (data.min_pixels, data.max_pixels; 0 keeps the processor's
   // own): ConfigError when the family's processor has no such bounds.

@@ -165,8 +165,18 @@ Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLIm
 }
 
 const ImageBlock& Qwen2VLImageProcessor::block() const {
-  static const ImageBlock block{"<|vision_start|>", "<|image_pad|>", "<|vision_end|>"};
+  static const ImageBlock block{"<|vision_start|>", "<|image_pad|>", "<|vision_end|>", "", "<|video_pad|>"};
   return block;
+}
+
+void Qwen2VLImageProcessor::set_video_pixel_bounds(int64_t min_pixels, int64_t max_pixels) {
+  if (min_pixels > 0) options_.video_min_pixels = min_pixels;
+  if (max_pixels > 0) options_.video_max_pixels = max_pixels;
+  const int64_t min = options_.video_min_pixels > 0 ? options_.video_min_pixels : options_.min_pixels;
+  const int64_t max = options_.video_max_pixels > 0 ? options_.video_max_pixels : options_.max_pixels;
+  if (max < min)
+    throw ConfigError(fmt::format(
+        "data.video_max_pixels: a video frame's bound {} is less than its min_pixels {}", max, min));
 }
 
 void Qwen2VLImageProcessor::set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) {

@@ -73,6 +73,7 @@ class Qwen2VLImageProcessor : public ImageProcessor {
   }
   const ImageBlock& block() const override;
   void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
+  void set_video_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
   // At side x side: min_pixels = max_pixels = side^2.
   void set_square_images(int64_t side) override;
   int64_t size_multiple() const override { return options_.patch_size * options_.merge_size; }

@@ -237,6 +237,21 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
 
   const double time_base = av_q2d(stream->time_base);
   Video video{sampling.frames, sampling.height, sampling.width, sampling.fps, {}};
+  if (sampling.whole_video) {
+    const double duration = stream->duration != AV_NOPTS_VALUE && stream->duration > 0
+                                ? static_cast<double>(stream->duration) * time_base
+                            : input->duration != AV_NOPTS_VALUE && input->duration > 0
+                                ? static_cast<double>(input->duration) / AV_TIME_BASE
+                                : 0.0;
+    if (duration > 0) {  // else frames at fps until the file ends
+      const double at_fps = std::floor(duration * sampling.fps + 1e-9);
+      if (at_fps > sampling.frames)
+        video.fps = sampling.frames / duration;
+      else
+        video.frames = std::max(1, static_cast<int>(at_fps));
+    }
+  }
+  const double fps = video.fps;
   std::unique_ptr<FrameConverter> converter;
   int next_sample = 0;
   int64_t frames_taken = 0, packets_read = 0;
@@ -246,8 +261,7 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
 
   // Fills every sample before `time` with the held frame.
   auto sample_before = [&](double time) {
-    for (; next_sample < video.frames && next_sample / sampling.fps + kSameInstantSeconds < time;
-         ++next_sample) {
+    for (; next_sample < video.frames && next_sample / fps + kSameInstantSeconds < time; ++next_sample) {
       if (held_number == last_converted) {
         std::memcpy(video.frame(next_sample), video.frame(next_sample - 1), video.frame_bytes());
       } else {
@@ -346,6 +360,11 @@ Video decode_video(const std::string& path, const VideoSampling& sampling) {
   const double end = held_time + last_duration;
   sample_before(end);
   if (next_sample == video.frames) return video;
+  if (sampling.whole_video && next_sample > 0) {  // its duration said more than its frames show
+    video.frames = next_sample;
+    video.rgb.resize(static_cast<size_t>(video.frames) * video.frame_bytes());
+    return video;
+  }
   const double source_fps = end > 0 ? frames_taken / end : 0;
   throw fail(fmt::format(
       "it has {} frames at {:.4g} fps ({:.4g} s), too short for {} frames at {:.4g} fps (the "

@@ -13,6 +13,10 @@ struct VideoSampling {
   double fps = 2;    // at what rate: sample i is the source frame showing i / fps seconds after the first
   int height = 224;  // output size: frames are resized (bilinear) until both sides cover it, then
   int width = 224;   // centre-cropped to it; 0 and 0 keep the size of the first frame
+  // A vision-language model's clip: frames taken at fps over the whole video, at most `frames` of
+  // them: fewer when the video is shorter (floor(duration x fps), at least 1), and spread over it at
+  // frames / duration a second when it is longer. The Video's fps is the rate taken.
+  bool whole_video = false;
 };
 
 // The containers decode_video opens: FFmpeg demuxer names, a file's demuxer being found from its

@@ -8,8 +8,7 @@ Qwen2VLDecoder::Qwen2VLDecoder(const Qwen2VLForConditionalGeneration& model)
       model_(&model) {}
 
 at::Tensor Qwen2VLDecoder::prompt_positions(const VisionLanguageInputs& prompts) {
-  RopeIndex rope =
-      rope_index(prompts.input_ids, prompts.image_grid_thw, prompts.attention_mask, model_->config);
+  RopeIndex rope = rope_index(prompts, model_->config);
   deltas_ = rope.rope_deltas;
   return rope.position_ids;
 }

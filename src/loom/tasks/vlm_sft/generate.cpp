@@ -91,6 +91,9 @@ models::VisionLanguageInputs left_padded(const data::Batch& batch, int64_t pad_i
   in.attention_mask = mask;
   in.pixel_values = batch.pixel_values;
   in.image_grid_thw = batch.image_grid_thw;
+  in.pixel_values_videos = batch.pixel_values_videos;
+  in.video_grid_thw = batch.video_grid_thw;
+  in.second_per_grid_ts = batch.second_per_grid_ts;
   return in;
 }
 

@@ -42,7 +42,8 @@ bool fit_to_length(data::TokenizedExample& example, const config::DataSection& d
     ++counts.dropped;
     return false;
   }
-  data::truncate_example(example, data.max_seq_len, tokenizer.id(block.start), tokenizer.id(block.end));
+  data::truncate_example(example, data.max_seq_len, tokenizer.id(block.start), tokenizer.id(block.end),
+                         block.video_pad.empty() ? -1 : tokenizer.id(block.video_pad));
   ++counts.truncated;
   return true;
 }

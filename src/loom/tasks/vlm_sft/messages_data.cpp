@@ -75,6 +75,8 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
       processor_(std::move(processor)) {
   if (data.min_pixels > 0 || data.max_pixels > 0)
     processor_->set_pixel_bounds(data.min_pixels, data.max_pixels);
+  if (data.video_min_pixels > 0 || data.video_max_pixels > 0)
+    processor_->set_video_pixel_bounds(data.video_min_pixels, data.video_max_pixels);
   data::ChatTemplateOptions options;
   options.train_on_prompt = data.train_on_prompt;
   options.default_system = data.system_prompt.value_or(processor_->default_system());
@@ -84,6 +86,8 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     throw ConfigError(fmt::format("data.system_prompt: {}", e.what()));
   }
   options.processor = processor_;
+  options.video_fps = data.video_fps;
+  options.video_max_frames = data.video_max_frames;
   template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
   options.generation_prompt = true;
   prompt_template_ = std::make_unique<data::ChatTemplate>(*tokenizer_, options);
@@ -99,8 +103,10 @@ MessagesData::MessagesData(const config::DataSection& data, uint64_t seed,
     data::SkipLog problems;
     auto samples = data::read_conversations(spec_of(file, data), problems);
     throw_if_unusable(problems);
-    for (const data::Conversation& conversation : samples)
-      held_out(conversation, /*with_replies=*/true, held_out(conversation, /*with_replies=*/false).images);
+    for (const data::Conversation& conversation : samples) {
+      data::TokenizedExample prompt = held_out(conversation, /*with_replies=*/false);
+      held_out(conversation, /*with_replies=*/true, std::move(prompt.images), std::move(prompt.videos));
+    }
     eval_.insert(eval_.end(), std::make_move_iterator(samples.begin()),
                  std::make_move_iterator(samples.end()));
   }
@@ -151,15 +157,16 @@ TrainSamples MessagesData::train_examples(int64_t begin, int64_t end) const {
 }
 
 data::TokenizedExample MessagesData::held_out(const data::Conversation& conversation, bool with_replies,
-                                              std::vector<data::VisionInput> images) const {
+                                              std::vector<data::VisionInput> images,
+                                              std::vector<data::VisionInput> videos) const {
   const data::ChatTemplate& chat = with_replies ? *template_ : *prompt_template_;
   std::optional<data::ConversationExample> built;
-  if (images.empty()) {
+  if (images.empty() && videos.empty()) {
     data::SkipLog problems;
     built = chat.build(conversation, problems);
     if (!built) throw_if_unusable(problems);
   } else {
-    built = chat.apply(conversation, std::move(images));
+    built = chat.apply(conversation, std::move(images), std::move(videos));
   }
   data::TokenizedExample ex = to_example(*built, conversation);
   if (static_cast<int64_t>(ex.input_ids.size()) > section_.max_seq_len)

@@ -43,10 +43,11 @@ class MessagesData : public JobData {
 
  private:
   // One held-out conversation as a generation prompt, or (with_replies) as a training row with its
-  // labelled replies, from its already processed `images` when given (else decoded); DataError
-  // naming it when it cannot be used or is over data.max_seq_len.
+  // labelled replies, from its already processed `images` and `videos` when given (else decoded);
+  // DataError naming it when it cannot be used or is over data.max_seq_len.
   data::TokenizedExample held_out(const data::Conversation& conversation, bool with_replies,
-                                  std::vector<data::VisionInput> images = {}) const;
+                                  std::vector<data::VisionInput> images = {},
+                                  std::vector<data::VisionInput> videos = {}) const;
   // DataError for the first problem recorded, if any.
   static void throw_if_unusable(const data::SkipLog& problems);
 

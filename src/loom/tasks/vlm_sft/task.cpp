@@ -91,6 +91,9 @@ models::VisionLanguageInputs model_inputs(const data::Batch& batch) {
   in.attention_mask = batch.attention_mask;
   in.pixel_values = batch.pixel_values;
   in.image_grid_thw = batch.image_grid_thw;
+  in.pixel_values_videos = batch.pixel_values_videos;
+  in.video_grid_thw = batch.video_grid_thw;
+  in.second_per_grid_ts = batch.second_per_grid_ts;
   in.cu_seqlens = batch.cu_seqlens;
   return in;
 }
@@ -202,6 +205,11 @@ std::vector<std::pair<std::string, at::Tensor>> VlmSftTask::export_step(int64_t 
       tensors.emplace_back(key + "pixel_values", b.pixel_values);
       tensors.emplace_back(key + "image_grid_thw", b.image_grid_thw);
     }
+    if (b.pixel_values_videos.defined() && b.pixel_values_videos.numel() > 0) {
+      tensors.emplace_back(key + "pixel_values_videos", b.pixel_values_videos);
+      tensors.emplace_back(key + "video_grid_thw", b.video_grid_thw);
+      tensors.emplace_back(key + "second_per_grid_ts", at::tensor(b.second_per_grid_ts, at::kDouble));
+    }
     if (b.packed()) tensors.emplace_back(key + "cu_seqlens", at::tensor(b.cu_seqlens, at::kLong));
   }
   return tensors;
@@ -225,7 +233,10 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
   out.tokens = batch.attention_mask.sum().item<int64_t>();
   const std::vector<int64_t> lengths = batch.sequence_lengths();
   out.samples = static_cast<int64_t>(lengths.size());
-  out.flops = model_->training_flops(lengths, batch.image_grid_thw);
+  out.flops =
+      model_->training_flops(lengths, batch.video_grid_thw.defined() && batch.video_grid_thw.size(0) > 0
+                                          ? at::cat({batch.image_grid_thw, batch.video_grid_thw})
+                                          : batch.image_grid_thw);
   return out;
 }
 

@@ -23,7 +23,9 @@ struct VlmMicroBatch : core::MicroBatch {
   int64_t context_parallel = 0;  // the degree its tokens are split over (0: the job's parallel.cp)
   // The images and the labels; the token ids and the mask stay on the host, where positions and
   // counts are worked out from them.
-  std::vector<at::Tensor*> device_inputs() override { return {&batch.pixel_values, &batch.labels}; }
+  std::vector<at::Tensor*> device_inputs() override {
+    return {&batch.pixel_values, &batch.pixel_values_videos, &batch.labels};
+  }
 };
 
 // A collated or packed batch as the model's inputs.
@@ -51,7 +53,8 @@ class VlmSftTask : public core::Task {
   void save_artifacts(const std::string& dir) const override;
   int64_t epoch_samples() const override;
 
-  // input_ids, labels, attention_mask, the model's position_ids, pixel_values and image_grid_thw
+  // input_ids, labels, attention_mask, the model's position_ids, pixel_values and image_grid_thw,
+  // pixel_values_videos, video_grid_thw and second_per_grid_ts (float64)
   // (with images), cu_seqlens (packed).
   std::vector<std::pair<std::string, at::Tensor>> export_step(int64_t step) const override;
 
