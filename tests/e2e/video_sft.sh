@@ -3,7 +3,8 @@
 # frame lists (transformers' video fixture's frames: 6, 5 (odd), 2 and 1 of them) and two video files
 # that cannot be used (random bytes, empty: skipped and counted in every run), 10 fp32 steps. dp=2,
 # tp=2 with sequence parallelism, cp=2 (each frame's vision rows and the tokens split over the ranks)
-# and pp=2 give the single-process loss at every step within 1e-5 relative.
+# and pp=2 give the single-process loss at every step within 1e-5 relative; so do Qwen2.5-VL's cp=2 and
+# tp=2 (window attention, temporal positions in seconds).
 source "$(dirname "$0")/lib.bash"
 FIX="$SRC/tests/fixtures/conversations"
 VID="$SRC/tests/fixtures/hf-qwen2-vl-video"
@@ -66,7 +67,30 @@ run dp2 2
 run tp2_sp 2 --set parallel.tp=2 --set parallel.sequence_parallel=true
 run cp2 2 --set parallel.cp=2
 run pp2 2 --set parallel.pp=2
-for name in one dp2 tp2_sp cp2 pp2; do
+# Qwen2.5-VL: window attention in vision block 0, full attention in block 1, and temporal positions
+# in seconds (1.5 fps: 4/3 s a temporal patch, 2 tokens a second, truncated).
+python3 - "$WORK/job.yaml" "$WORK/job25.yaml" <<'PY'
+import re, sys
+text = open(sys.argv[1]).read()
+text = re.sub(r"    vision_config: .*\n", '''    vision_config: {depth: 2, hidden_size: 32, out_hidden_size: 64, intermediate_size: 64, num_heads: 2,
+      in_channels: 3, patch_size: 14, spatial_merge_size: 2, temporal_patch_size: 2, hidden_act: silu,
+      window_size: 28, fullatt_block_indexes: [1], tokens_per_second: 2}
+''', text)
+text = text.replace("family: qwen2_vl", "family: qwen2_5_vl").replace("model_type: qwen2_vl", "model_type: qwen2_5_vl")
+text = text.replace("video_fps: 2", "video_fps: 1.5")
+assert "qwen2_5_vl" in text and "window_size" in text
+open(sys.argv[2], "w").write(text)
+PY
+"$LOOM" train "$WORK/job25.yaml" --set training.output_dir="$WORK/one25" > "$WORK/one25.log" 2>&1 ||
+  { cat "$WORK/one25.log"; fail "Qwen2.5-VL single-process run"; }
+for run in "qwen25_cp2 --set parallel.cp=2" "qwen25_tp2_sp --set parallel.tp=2 --set parallel.sequence_parallel=true"; do
+  set -- $run
+  name=$1
+  shift
+  "$LOOM" run -n 2 -- "$LOOM" train "$WORK/job25.yaml" --set training.output_dir="$WORK/$name" "$@" \
+    > "$WORK/$name.log" 2>&1 || { cat "$WORK/$name.log"; fail "$name run"; }
+done
+for name in one dp2 tp2_sp cp2 pp2 one25; do
   grep -q "corrupt video" "$WORK/$name.log" || { cat "$WORK/$name.log"; fail "$name: no corrupt video counted"; }
 done
 python3 - "$WORK" "$SRC/tests/e2e" <<'PY'
@@ -76,11 +100,13 @@ sys.path.insert(0, sys.argv[2])
 from runs import steps
 one = steps(f"{work}/one/metrics.jsonl")
 assert sorted(one) == list(range(1, 11)), sorted(one)
-for name in ("dp2", "tp2_sp", "cp2", "pp2"):
+for name, base in [("dp2", one), ("tp2_sp", one), ("cp2", one), ("pp2", one),
+                   ("qwen25_cp2", steps(f"{work}/one25/metrics.jsonl")),
+                   ("qwen25_tp2_sp", steps(f"{work}/one25/metrics.jsonl"))]:
     other = steps(f"{work}/{name}/metrics.jsonl")
     assert sorted(other) == list(range(1, 11)), (name, sorted(other))
-    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in other)
+    worst = max(abs(base[s]["loss"] - other[s]["loss"]) / abs(base[s]["loss"]) for s in other)
     print(f"video sft {name} vs one process: max relative loss difference {worst:.3e} over 10 steps")
     assert worst <= 1e-5, (name, worst)
 PY
-echo "video sft: dp=2, tp=2+SP, cp=2 and pp=2 match one process"
+echo "video sft: dp=2, tp=2+SP, cp=2 and pp=2 (and Qwen2.5-VL's cp=2 and tp=2+SP) match one process"
