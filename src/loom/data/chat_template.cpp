@@ -109,8 +109,8 @@ ConversationExample ChatTemplate::apply(const Conversation& conversation, std::v
   const std::vector<Message>& messages = conversation.messages;
   // A generation prompt leaves out the final reply and labels nothing.
   const bool prompt_only = options_.generation_prompt;
-  ConversationExample ex = render(messages, prompt_only ? messages.size() - 1 : messages.size(), images,
-                                  videos, prompt_only, !prompt_only);
+  ConversationExample ex = render(messages, prompt_only ? messages.size() - 1 : messages.size(),
+                                  conversation.tools, images, videos, prompt_only, !prompt_only);
   ex.source = conversation.source;
   ex.sample_index = conversation.index;
   ex.answer = messages.back().content;
@@ -132,20 +132,20 @@ std::vector<int64_t> ChatTemplate::encode_chat(const std::vector<Message>& messa
                                   kVideoPlaceholder));
     }
   }
-  return render(messages, messages.size(), {}, {}, add_generation_prompt, /*labelled=*/false).input_ids;
+  return render(messages, messages.size(), "", {}, {}, add_generation_prompt, /*labelled=*/false).input_ids;
 }
 
 ConversationExample ChatTemplate::render(const std::vector<Message>& messages, size_t end,
-                                         const std::vector<VisionInput>& images,
+                                         const std::string& tools, const std::vector<VisionInput>& images,
                                          const std::vector<VisionInput>& videos, bool generation_prompt,
                                          bool labelled) const {
   ConversationExample ex;
   TokenWriter out(*tokenizer_, block_pad_, video_pad_, labelled, options_.train_on_prompt && labelled, ex);
 
-  // The conversation's system message, else the default one; none when that is empty.
+  // The conversation's system message, else the default one, then its tools; none when that is empty.
   const bool given = messages[0].role == Role::system;
   const size_t first = given ? 1 : 0;
-  const std::string& system = given ? messages[0].content : options_.default_system;
+  const std::string system = (given ? messages[0].content : options_.default_system) + tools;
   if (given || !system.empty()) {
     out.special(im_start_);
     out.text("system\n" + system);

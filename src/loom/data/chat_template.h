@@ -59,7 +59,8 @@ struct ConversationExample {
 // MindSpeed MM's ChatML templates, a user turn is encoded together with the following
 // "<|im_start|>assistant\n" as the prompt, and each reply "{content}<|im_end|>\n" separately as the
 // response: the reply's content, its <|im_end|> and the "\n" after it are labelled, every assistant
-// turn of a multi-turn conversation included.
+// turn of a multi-turn conversation included. A conversation's tools (Conversation::tools) follow the
+// system message's text inside its turn, the default system message's when it gives none.
 class ChatTemplate {
  public:
   // Keeps a reference to the tokenizer, which must outlive the template. DataError when the
@@ -88,9 +89,10 @@ class ChatTemplate {
   const ChatTemplateOptions& options() const { return options_; }
 
  private:
-  // The template of messages[0, end) with the images of their placeholders, then the generation
-  // prompt when asked; replies labelled when `labelled` (train_on_prompt then labels the prompt too).
-  ConversationExample render(const std::vector<Message>& messages, size_t end,
+  // The template of messages[0, end) with the images of their placeholders and `tools` after the
+  // system message (Conversation::tools), then the generation prompt when asked; replies labelled when
+  // `labelled` (train_on_prompt then labels the prompt too).
+  ConversationExample render(const std::vector<Message>& messages, size_t end, const std::string& tools,
                              const std::vector<VisionInput>& images, const std::vector<VisionInput>& videos,
                              bool generation_prompt, bool labelled) const;
 

@@ -16,6 +16,7 @@
 #include <utility>
 
 #include "loom/data/json_samples.h"
+#include "loom/data/tool_calls.h"
 #include "loom/util/errors.h"
 #include "loom/util/random.h"
 
@@ -23,7 +24,7 @@ namespace loom::data {
 namespace {
 
 namespace fs = std::filesystem;
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 const char* role_name(Role role) {
   switch (role) {
@@ -182,6 +183,12 @@ std::string read_messages(const json& sample, const DatasetSpec& spec, const fs:
   if (!messages->is_array())
     return fmt::format("\"{}\" must be a list, got {}", f.messages, messages->type_name());
   if (messages->empty()) return fmt::format("\"{}\" is empty", f.messages);
+  // Consecutive tool results become one user turn.
+  std::vector<std::string> results;
+  auto flush_results = [&] {
+    if (!results.empty()) out.messages.push_back({Role::user, tool_responses_text(results)});
+    results.clear();
+  };
   for (size_t m = 0; m < messages->size(); ++m) {
     const json& message = (*messages)[m];
     if (!message.is_object()) return fmt::format("message {} is not a JSON object", m);
@@ -189,30 +196,55 @@ std::string read_messages(const json& sample, const DatasetSpec& spec, const fs:
     if (role == message.end() || !role->is_string()) {
       return fmt::format("message {} has no string \"{}\"", m, f.role);
     }
-    const auto content = message.find(f.content);
-    if (content == message.end()) return fmt::format("message {} has no string \"{}\"", m, f.content);
-    Message parsed;
     const std::string& name = role->get_ref<const std::string&>();
-    if (name == f.user) {
+    const auto calls = message.find("tool_calls");  // OpenAI's calls beside an assistant's content
+    const bool with_calls = name == f.assistant && calls != message.end() && !calls->is_null() &&
+                            !(calls->is_array() && calls->empty());
+    const auto content = message.find(f.content);
+    if (name == f.function) {
+      if (content == message.end()) return fmt::format("message {} has no \"{}\"", m, f.content);
+      std::string problem;
+      Message call{Role::assistant, tool_calls_text(*content, problem)};
+      if (!problem.empty()) return fmt::format("message {} (role \"{}\"): {}", m, name, problem);
+      flush_results();
+      out.messages.push_back(std::move(call));
+      continue;
+    }
+    if (content == message.end() && !with_calls)
+      return fmt::format("message {} has no string \"{}\"", m, f.content);
+    Message parsed;
+    if (name == f.user || name == f.observation) {
       parsed.role = Role::user;
     } else if (name == f.assistant) {
       parsed.role = Role::assistant;
     } else if (name == f.system) {
       parsed.role = Role::system;
-    } else if (name == f.observation || name == f.function) {
-      return fmt::format(
-          "message {} is a tool turn (role \"{}\"); tool calls and their results are not trained "
-          "in this version of Loom",
-          m, name);
     } else {
-      return fmt::format("message {} has unknown role \"{}\"; valid roles are \"{}\", \"{}\" and \"{}\"", m,
-                         name, f.system, f.user, f.assistant);
+      return fmt::format(
+          "message {} has unknown role \"{}\"; valid roles are \"{}\", \"{}\", \"{}\", \"{}\" (a tool's "
+          "result) and \"{}\" (a tool call)",
+          m, name, f.system, f.user, f.assistant, f.observation, f.function);
     }
-    if (std::string problem = read_content(*content, m, f, spec, index, root, parsed.content, images, videos);
-        !problem.empty())
-      return problem;
+    if (content != message.end() && !(with_calls && content->is_null())) {
+      if (std::string problem =
+              read_content(*content, m, f, spec, index, root, parsed.content, images, videos);
+          !problem.empty())
+        return problem;
+    }
+    if (name == f.observation) {
+      results.push_back(std::move(parsed.content));
+      continue;
+    }
+    flush_results();
+    if (with_calls) {
+      std::string problem;
+      const std::string text = tool_calls_text(*calls, problem);
+      if (!problem.empty()) return fmt::format("message {} \"tool_calls\": {}", m, problem);
+      parsed.content += (parsed.content.empty() ? "" : "\n") + text;
+    }
     out.messages.push_back(std::move(parsed));
   }
+  flush_results();
   return "";
 }
 
@@ -264,7 +296,7 @@ std::string take_media(const json& sample, const std::string& key, const fs::pat
 }
 
 // Parses one sample object into a Conversation, or returns the reason it is unusable. Throws
-// DataError for a sample with audio, tools or videos.
+// DataError for a sample with audio.
 std::string parse_sample(const json& sample, const DatasetSpec& spec, const fs::path& root, int64_t index,
                          Conversation& out) {
   const FieldNames& f = spec.fields;
@@ -274,11 +306,11 @@ std::string parse_sample(const json& sample, const DatasetSpec& spec, const fs::
         fmt::format("conversation dataset {} sample {} has \"{}\": Loom's models have no audio encoder; "
                     "remove the field or the dataset",
                     spec.path, index, f.audios));
-  if (given(sample, f.tools))
-    throw DataError(
-        fmt::format("conversation dataset {} sample {} has \"{}\": tool descriptions are not supported "
-                    "in this version of Loom; remove the field or the dataset",
-                    spec.path, index, f.tools));
+  if (given(sample, f.tools)) {
+    std::string problem;
+    out.tools = tools_system_text(sample[f.tools], problem);
+    if (!problem.empty()) return fmt::format("\"{}\": {}", f.tools, problem);
+  }
   out.source = spec.path;
   out.index = index;
   PartMedia images, videos;

@@ -31,23 +31,25 @@ struct FieldNames {
   std::string images = "images";      // a path or a list of paths
   std::string videos = "videos";
   std::string audios = "audios";         // an error when given: no model of Loom's hears
-  std::string tools = "tools";           // an error when given: tool descriptions are not supported yet
+  std::string tools = "tools";           // function descriptions (tool_calls.h), a list or its JSON text
   std::string system_prompt = "system";  // the sample's system message, a string beside the messages
   std::string prompt = "instruction", query = "input", response = "output", history = "history";  // alpaca
   // A message's keys.
   std::string role = "role";
   std::string content = "content";  // a string, or a list of content parts
-  // Role names. Observation (a tool's result) and function (a tool call) name the tool turns, which
-  // Loom does not train yet: such a sample is skipped and counted.
+  // Role names. Observation (a tool's result: a user turn of <tool_response>s, consecutive results
+  // joined) and function (the assistant's tool call, its content the call's JSON) name the tool
+  // turns, written as tool_calls.h says; an assistant message may also carry OpenAI's "tool_calls".
   std::string user = "user";
   std::string assistant = "assistant";
   std::string system = "system";
   std::string observation = "tool";
-  std::string function = "function";
+  std::string function = "function_call";
 };
 
-// A format's default names: messages as FieldNames{}; sharegpt with conversations, from, value,
-// human, gpt, observation and function_call.
+// A format's default names: messages as FieldNames{} (OpenAI's roles, "tool" for a result, and
+// LLaMA-Factory's "function_call" for a call); sharegpt with conversations, from, value, human, gpt,
+// observation and function_call.
 FieldNames field_names(DatasetFormat format);
 
 // Sets the field names `given` maps (by FieldNames' member names: "messages", "system_prompt",
@@ -73,7 +75,7 @@ struct DetectedFormat {
   FieldNames fields;
   std::string description() const;  // "sharegpt (conversations: from/value, human/gpt)"
 };
-DetectedFormat detect_format(const nlohmann::json& first, const std::string& path);
+DetectedFormat detect_format(const nlohmann::ordered_json& first, const std::string& path);
 
 enum class Role { system, user, assistant };
 
@@ -92,6 +94,7 @@ struct Conversation {
   std::vector<Message> messages;
   std::vector<std::string> images;  // resolved paths, in the order of the "<image>" placeholders
   std::vector<VideoSource> videos;  // in the order of the "<video>" placeholders
+  std::string tools;                // appended to the system message: tools_system_text, or ""
   std::string source;               // the dataset file, for messages
   int64_t index = -1;               // 0-based position of the sample in that file
 };
@@ -160,11 +163,11 @@ std::function<void(const SkipRecord&)> warn_once_per_sample(size_t named = 20);
 // per image or video part (a part's own path, when it gives one, is the sample's image or video); a
 // single path stands for a list of one; a sample's system_prompt field is its system message.
 // Returns the usable samples in file order; each unusable one (not an object, no messages, an
-// unknown role or content part, a tool turn, media not paths, or a conversation_problem) is
-// recorded in skips as a bad sample. A video is a file or a list of frame files (LLaMA-Factory's
-// nested lists). DataError naming the file and line/column for malformed JSON, and naming the sample
-// and field for one with audio or tools (no model of Loom's hears, and tool descriptions are not
-// supported yet).
+// unknown role or content part, a malformed tool call or tool list, media not paths, or a
+// conversation_problem) is recorded in skips as a bad sample. A video is a file or a list of frame files
+// (LLaMA-Factory's nested lists). Tool turns and a sample's tools are written as text (tool_calls.h).
+// DataError naming the file and line/column for malformed JSON, and naming the sample and field for one with
+// audio (no model of Loom's hears).
 std::vector<Conversation> read_conversations(const DatasetSpec& spec, SkipLog& skips);
 
 // Several conversation datasets as one stream, laid out as MixLayout says. Immutable after

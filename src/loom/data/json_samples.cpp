@@ -11,7 +11,7 @@
 namespace loom::data {
 namespace {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string read_whole_file(const std::string& path, const std::string& kind) {
   std::ifstream in(path, std::ios::binary);

@@ -1,5 +1,6 @@
 // Reading a dataset file of JSON samples, as MindSpeed MM / LLaMA-Factory users write them: a JSON
-// array, or JSON lines.
+// array, or JSON lines. Objects keep their keys in the file's order (ordered_json), so what Loom
+// writes back from a sample (a tool call's arguments) reads as the user wrote it.
 #pragma once
 #include <cstdint>
 #include <functional>
@@ -13,6 +14,6 @@ namespace loom::data {
 // "<kind> dataset PATH" for a file that cannot be opened, and the line and column (and the sample)
 // for malformed JSON.
 void for_each_json_sample(const std::string& path, const std::string& kind,
-                          const std::function<void(const nlohmann::json&, int64_t)>& take);
+                          const std::function<void(const nlohmann::ordered_json&, int64_t)>& take);
 
 }  // namespace loom::data

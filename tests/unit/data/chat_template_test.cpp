@@ -392,3 +392,41 @@ TEST(ChatTemplate, QwenTokenizerGivesTheQwen2VLTemplateText) {
   EXPECT_EQ(chat_template.encode_chat(asking, false), qwen.encode(chat_text));
   EXPECT_EQ(chat_template.encode_chat(asking, true), qwen.encode(chat_text + "<|im_start|>assistant\n"));
 }
+
+TEST(ChatTemplate, ToolsFollowTheSystemMessageAndToolCallsAreLabelledReplies) {
+  // A tool conversation as read_conversations writes it (dataset_formats_test shows that), through
+  // Qwen's tokenizer: the text is Qwen's chat template's, <tool_call> and <tool_response> its own
+  // ids, and the call is a labelled reply like any other.
+  const BpeTokenizer qwen =
+      BpeTokenizer::load(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/tokenizers/qwen3_tokenizer.json");
+  const ChatTemplate chat_template(qwen, qwen2vl());
+  Conversation tools;
+  tools.tools = "\n\n# Tools\n<tools>\n{\"name\": \"f\"}\n</tools>";
+  const std::string call = "<tool_call>\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n</tool_call>";
+  tools.messages = {{Role::user, "Use f."},
+                    {Role::assistant, call},
+                    {Role::user, "<tool_response>\n2\n</tool_response>"},
+                    {Role::assistant, "It gave 2."}};
+  const ConversationExample ex = chat_template.apply(tools, {});
+  const std::string prompt =
+      "<|im_start|>system\nYou are a helpful assistant.\n\n# Tools\n<tools>\n{\"name\": \"f\"}\n</tools>"
+      "<|im_end|>\n<|im_start|>user\nUse f.<|im_end|>\n<|im_start|>assistant\n";
+  const std::string result =
+      "<|im_start|>user\n<tool_response>\n2\n</tool_response><|im_end|>\n<|im_start|>assistant\n";
+  const std::string reply = call + "<|im_end|>\n", answer = "It gave 2.<|im_end|>\n";
+  EXPECT_EQ(ex.input_ids, qwen.encode(prompt + reply + result + answer));
+  // Qwen's <tool_call> 151657, </tool_call> 151658, <tool_response> 151665, </tool_response> 151666.
+  for (const int64_t id : {151657, 151658, 151665, 151666})
+    EXPECT_EQ(std::count(ex.input_ids.begin(), ex.input_ids.end(), id), 1) << id;
+  Ids labels = ignored(qwen.encode(prompt).size()) + qwen.encode(reply) +
+               ignored(qwen.encode(result).size()) + qwen.encode(answer);
+  EXPECT_EQ(ex.labels, labels);
+
+  // With the system message given, the tools follow it; with none at all, they stand alone.
+  tools.messages.insert(tools.messages.begin(), Message{Role::system, "Be brief."});
+  EXPECT_EQ(
+      chat_template.apply(tools, {}).input_ids,
+      qwen.encode("<|im_start|>system\nBe brief.\n\n# Tools\n<tools>\n{\"name\": \"f\"}\n</tools><|im_end|>\n"
+                  "<|im_start|>user\nUse f.<|im_end|>\n<|im_start|>assistant\n" +
+                  reply + result + answer));
+}

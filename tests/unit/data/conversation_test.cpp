@@ -138,10 +138,9 @@ TEST(ReadConversations, BadSamplesAreSkippedCountedAndExplained) {
   const std::map<int64_t, std::string> reasons = {
       {1, "\"messages\" is empty"},
       {2, "no \"messages\" field"},
-      {3,
-       "message 1 is a tool turn (role \"tool\"); tool calls and their results are not trained in this "
-       "version "
-       "of Loom"},
+      {3,  // a tool's result is a user turn, and cannot follow one
+       "message 1 is a user message where an assistant message must come (after an optional first system "
+       "message, user and assistant messages alternate, starting with user)"},
       {4,
        "message 0 is an assistant message where a user message must come (after an optional first system "
        "message, user and assistant messages alternate, starting with user)"},

@@ -1,7 +1,8 @@
 // The formats users' files come in, read as LLaMA-Factory and TRL define them: each is detected from
 // its first sample and gives the same conversations as the plain messages file it is equivalent to;
-// content-part lists, single media strings and a sample's system field; tool turns, URLs and
-// differing system prompts are bad samples; audio and tools are errors naming the field. And
+// content-part lists, single media strings and a sample's system field; tool calls, their results
+// and tool lists written as Qwen's chat template writes them; malformed tool calls, URLs and
+// differing system prompts are bad samples; audio is an error naming the field. And
 // LLaMA-Factory's dataset_info.json: entries read by name, every key checked, what Loom cannot train
 // on refused by name. The files are look-alikes written here.
 #include <gtest/gtest.h>
@@ -15,6 +16,7 @@
 #include "data_test_util.h"
 #include "loom/data/conversation.h"
 #include "loom/data/dataset_info.h"
+#include "loom/data/tool_calls.h"
 #include "loom/util/errors.h"
 
 namespace loom::data {
@@ -110,14 +112,15 @@ TEST_F(DatasetFormatsTest, EveryFormatGivesThePlainMessagesFilesConversations) {
 
 TEST_F(DatasetFormatsTest, DetectionNamesWhatItFoundOrTheKeysItSaw) {
   SkipLog skips;
-  const nlohmann::json sharegpt =
-      nlohmann::json::parse(R"({"conversations": [{"from": "human", "value": "x"}]})");
+  const nlohmann::ordered_json sharegpt =
+      nlohmann::ordered_json::parse(R"({"conversations": [{"from": "human", "value": "x"}]})");
   EXPECT_EQ(detect_format(sharegpt, "f").description(), "sharegpt (conversations: from/value, human/gpt)");
-  const nlohmann::json listed =
-      nlohmann::json::parse(R"({"conversations": [{"role": "user", "content": "x"}]})");
+  const nlohmann::ordered_json listed =
+      nlohmann::ordered_json::parse(R"({"conversations": [{"role": "user", "content": "x"}]})");
   EXPECT_EQ(detect_format(listed, "f").description(),
             "messages (conversations: role/content, user/assistant)");
-  EXPECT_EQ(detect_format(nlohmann::json::parse(R"({"instruction": "x", "output": "y"})"), "f").description(),
+  EXPECT_EQ(detect_format(nlohmann::ordered_json::parse(R"({"instruction": "x", "output": "y"})"), "f")
+                .description(),
             "alpaca (instruction / input / output, history)");
   const std::string message = message_of(
       [&] { read_conversations(spec(write("odd.json", R"([{"dialog": [], "pics": []}])")), skips); });
@@ -127,11 +130,13 @@ TEST_F(DatasetFormatsTest, DetectionNamesWhatItFoundOrTheKeysItSaw) {
       << message;
 }
 
-TEST_F(DatasetFormatsTest, ToolTurnsUrlsAndDifferingSystemPromptsAreBadSamples) {
+TEST_F(DatasetFormatsTest, MalformedToolCallsUrlsAndDifferingSystemPromptsAreBadSamples) {
   EXPECT_EQ(
       skip_reasons(
           "bad.jsonl",
           R"({"conversations": [{"from": "human", "value": "x"}, {"from": "function_call", "value": "{}"}]}
+{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "tools": "[{\"name\": \"f\"}]]"}
+{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "tools": [{"description": "f"}]}
 {"conversations": [{"from": "human", "value": [{"type": "image_url", "image_url": {"url": "https://x/a.jpg"}}]}, {"from": "gpt", "value": "y"}]}
 {"conversations": [{"from": "system", "value": "A"}, {"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "system": "B"}
 {"conversations": [{"from": "human", "value": [{"type": "image", "image": "a.jpg"}, {"type": "image"}]}, {"from": "gpt", "value": "y"}]}
@@ -140,8 +145,12 @@ TEST_F(DatasetFormatsTest, ToolTurnsUrlsAndDifferingSystemPromptsAreBadSamples) 
 {"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "system": "A"}
 )"),
       (std::vector<std::string>{
-          "message 1 is a tool turn (role \"function_call\"); tool calls and their results are not trained "
-          "in this version of Loom",
+          "message 1 (role \"function_call\"): tool call 0 is not an object with a string \"name\" and "
+          "\"arguments\"",
+          "\"tools\": the tool list is a string that is not JSON: [json.exception.parse_error.101] parse "
+          "error at "
+          "line 1, column 16: syntax error while parsing value - unexpected ']'; expected end of input",
+          "\"tools\": tool 0 is not a function description (an object with a \"name\")",
           "message 0 content part 0 (image_url): it names https://...; Loom reads local files, not URLs or "
           "inline data",
           "its system message and its \"system\" field differ; give one",
@@ -150,9 +159,19 @@ TEST_F(DatasetFormatsTest, ToolTurnsUrlsAndDifferingSystemPromptsAreBadSamples) 
           "message 0 content part 0 has unknown type \"table\"; Loom reads text, image, image_url, video and "
           "video_url parts",
       }));
+  EXPECT_EQ(
+      skip_reasons(
+          "bad_calls.jsonl",
+          R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": [{"function": {"name": "f"}}]}]}
+{"messages": [{"role": "user", "content": "x"}, {"role": "tool", "content": "2"}, {"role": "assistant", "content": "y"}]}
+)"),
+      (std::vector<std::string>{
+          "message 1 \"tool_calls\": tool call 0 is not an object with a string \"name\" and \"arguments\"",
+          "message 1 is a user message where an assistant message must come (after an optional first system "
+          "message, user and assistant messages alternate, starting with user)"}));
 }
 
-TEST_F(DatasetFormatsTest, AudioAndToolsAreErrorsNamingTheField) {
+TEST_F(DatasetFormatsTest, AudioIsAnErrorNamingTheField) {
   SkipLog skips;
   const std::string audio = write("audio.json", R"([
 {"messages": [{"role": "user", "content": "<audio>What is said?"}, {"role": "assistant", "content": "Hi."}],
@@ -167,11 +186,73 @@ TEST_F(DatasetFormatsTest, AudioAndToolsAreErrorsNamingTheField) {
   message = message_of([&] { read_conversations(spec(part), skips); });
   EXPECT_TRUE(says_all(message, {part + " sample 0 message 0 has an audio part (\"input_audio\")"}))
       << message;
-  const std::string tools = write("tools.json", R"([
-{"conversations": [{"from": "human", "value": "x"}, {"from": "gpt", "value": "y"}], "tools": "[{\"name\": \"f\"}]"}])");
-  message = message_of([&] { read_conversations(spec(tools), skips); });
-  EXPECT_TRUE(says_all(message, {tools + " sample 0 has \"tools\": tool descriptions are not supported"}))
-      << message;
+}
+
+// The tool section Qwen's chat template appends to the system message, for one get_weather tool
+// whose keys are not in sorted order (they stay as the file has them).
+const std::string kWeatherTools =
+    "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+    "with function signatures within <tools></tools> XML tags:\n<tools>\n"
+    R"({"type": "function", "function": {"name": "get_weather", "description": "Current weather", )"
+    R"("parameters": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]}, )"
+    R"("city": {"type": "string"}}, "required": ["city"]}}})"
+    "\n</tools>\n\nFor each function call, return a json object with function name and arguments within "
+    "<tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+    "<args-json-object>}\n</tool_call>";
+
+TEST_F(DatasetFormatsTest, ToolTurnsAreWrittenAsQwensChatTemplateWritesThem) {
+  // LLaMA-Factory's ShareGPT tool data: the tools and each call as JSON text, the result as text.
+  const std::vector<Conversation> sharegpt = read(
+      "tools.jsonl",
+      R"({"conversations": [{"from": "human", "value": "Weather in Zürich and Paris?"}, )"
+      R"({"from": "function_call", "value": "[{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \"city\": \"Zürich\"}}, )"
+      R"({\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \"city\": \"Paris\"}}]"}, )"
+      R"({"from": "observation", "value": "{\"temp\": 3.5}"}, {"from": "gpt", "value": "3.5 °C in Zürich."}], )"
+      R"("tools": "[{\"name\": \"get_weather\", \"description\": \"Current weather\", \"parameters\": )"
+      R"({\"type\": \"object\", \"properties\": {\"unit\": {\"type\": \"string\", \"enum\": [\"c\", \"f\"]}, )"
+      R"(\"city\": {\"type\": \"string\"}}, \"required\": [\"city\"]}}]"})"
+      "\n");
+  ASSERT_EQ(sharegpt.size(), 1u);
+  EXPECT_EQ(sharegpt[0].tools, kWeatherTools);
+  const std::string calls =
+      "<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \"city\": \"Zürich\"}}\n"
+      "</tool_call>\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"unit\": \"c\", \"city\": "
+      "\"Paris\"}}\n</tool_call>";
+  EXPECT_EQ(text_of(sharegpt),
+            "1:Weather in Zürich and Paris?|2:" + calls +
+                "|1:<tool_response>\n{\"temp\": 3.5}\n</tool_response>|2:3.5 °C in Zürich.|\n");
+
+  // OpenAI's: the tools as objects, the calls in "tool_calls" beside the reply's text (arguments as
+  // JSON text, written as they are), each result a "tool" message; consecutive results are one turn.
+  const std::vector<Conversation> openai = read("tools.json", R"([
+{"messages": [{"role": "user", "content": "Weather in Zürich and Paris?"},
+              {"role": "assistant", "content": "Checking.", "tool_calls": [
+                 {"type": "function", "function": {"name": "get_weather", "arguments": {"unit": "c", "city": "Zürich"}}},
+                 {"type": "function", "function": {"name": "get_weather", "arguments": "{\"unit\":\"c\",\"city\":\"Paris\"}"}}]},
+              {"role": "tool", "content": "{\"temp\": 3.5}"}, {"role": "tool", "content": "{\"temp\": 9}"},
+              {"role": "assistant", "content": "3.5 °C and 9 °C."}],
+ "tools": [{"type": "function", "function": {"name": "get_weather", "description": "Current weather",
+            "parameters": {"type": "object", "properties": {"unit": {"type": "string", "enum": ["c", "f"]},
+                           "city": {"type": "string"}}, "required": ["city"]}}}]}
+])");
+  ASSERT_EQ(openai.size(), 1u);
+  EXPECT_EQ(openai[0].tools, kWeatherTools);
+  std::string openai_calls = calls;
+  openai_calls.replace(openai_calls.find(R"({"unit": "c", "city": "Paris"})"), 30,
+                       R"({"unit":"c","city":"Paris"})");
+  EXPECT_EQ(text_of(openai), "1:Weather in Zürich and Paris?|2:Checking.\n" + openai_calls +
+                                 "|1:<tool_response>\n{\"temp\": 3.5}\n</tool_response>\n<tool_response>\n"
+                                 "{\"temp\": 9}\n</tool_response>|2:3.5 °C and 9 °C.|\n");
+}
+
+TEST_F(DatasetFormatsTest, PythonJsonWritesAsJsonDumps) {
+  // As Python's json.dumps(value, ensure_ascii=False) gives them.
+  const auto dumped = [](const char* text) { return python_json(nlohmann::ordered_json::parse(text)); };
+  EXPECT_EQ(dumped(R"({"b":[1,2.0,-0.0,1e-5,0.0001,1e15,1e16,123.456,1.5e300],"a":{"z":null,"y":true}})"),
+            R"({"b": [1, 2.0, -0.0, 1e-05, 0.0001, 1000000000000000.0, 1e+16, 123.456, 1.5e+300], )"
+            R"("a": {"z": null, "y": true}})");
+  EXPECT_EQ(dumped(R"(["Zürich \"q\" \\ \n\t\u0001 😀", [], {}])"),
+            R"(["Zürich \"q\" \\ \n\t\u0001 😀", [], {}])");
 }
 
 // A registry in LLaMA-Factory's layout, with look-alikes of its multimodal demo entries.

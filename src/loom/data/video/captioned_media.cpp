@@ -8,7 +8,7 @@
 
 namespace loom::data {
 
-using nlohmann::json;
+using json = nlohmann::ordered_json;
 
 std::string captioned_media_problem(const json& sample) {
   if (!sample.is_object()) return fmt::format("a sample must be an object, got {}", sample.type_name());
