@@ -55,8 +55,46 @@ training:
 tools: {log_every: 1, progress_bar: false}
 YAML
 sed -i 's/vocab_size: 267/vocab_size: 268/' "$WORK/job.yaml"  # tp=2 splits the vocabulary
-"$LOOM" train "$WORK/job.yaml" --set training.output_dir="$WORK/one" > "$WORK/one.log" 2>&1 ||
-  { cat "$WORK/one.log"; fail "single-process run"; }
+"$LOOM" train "$WORK/job.yaml" --set training.output_dir="$WORK/one" --set training.save_every=10 \
+  > "$WORK/one.log" 2>&1 || { cat "$WORK/one.log"; fail "single-process run"; }
+# The checkpoint's video processor is the one it trained with: transformers' AutoVideoProcessor reads
+# its video_preprocessor_config.json (a frame's bound data.video_max_pixels, 4704, not the images'
+# 3136), and on the 6 frames gives the grid and pixel values `loom forward` gives from the checkpoint.
+CK="$WORK/one/step-00000010"
+python3 - "$CK" "$VID/qwen2_vl" "$WORK/ck_video.json" "$WORK/hf_video.bin" <<'PY' || fail "HF video processor on the checkpoint"
+import json, sys
+import numpy as np
+import transformers
+from PIL import Image
+ck, fix, given, out = sys.argv[1:]
+processor = transformers.AutoVideoProcessor.from_pretrained(ck)
+assert type(processor).__name__ == "Qwen2VLVideoProcessor", type(processor)
+assert (processor.size.shortest_edge, processor.size.longest_edge) == (3136, 4704), processor.size
+frames = [np.asarray(Image.open(f"{fix}/{f}").convert("RGB")) for f in json.load(open(f"{fix}/input.json"))["frames"]]
+video = processor(videos=[np.stack(frames)], return_tensors="pt")
+grid = video["video_grid_thw"][0].tolist()
+assert grid == [3, 4, 6], grid
+video["pixel_values_videos"].float().numpy().astype("<f4").tofile(out)
+vocab = json.load(open(f"{ck}/tokenizer.json"))["added_tokens"]
+token = {t["content"]: t["id"] for t in vocab}
+ids = [token["<|im_start|>"], token["<|vision_start|>"]] + [token["<|video_pad|>"]] * (3 * 4 * 6 // 4) + \
+      [token["<|vision_end|>"], token["<|im_end|>"]]
+json.dump({"input_ids": [ids], "videos": [[f"{fix}/{f}" for f in json.load(open(f"{fix}/input.json"))["frames"]]],
+           "video_fps": 2}, open(given, "w"))
+PY
+"$LOOM" forward --model "$CK" --input "$WORK/ck_video.json" --out "$WORK/ck_forward" > /dev/null ||
+  fail "loom forward on the video checkpoint"
+python3 - "$WORK/ck_forward" "$WORK/hf_video.bin" <<'PY' || fail "checkpoint video processing differs from HF's"
+import json, sys
+import numpy as np
+out, hf = sys.argv[1:]
+assert json.load(open(f"{out}/positions.json"))["video_grid_thw"] == [3, 4, 6]
+a, b = np.fromfile(f"{out}/pixel_values_videos.bin", "<f4"), np.fromfile(hf, "<f4")
+assert a.shape == b.shape, (a.shape, b.shape)
+diff = float(np.abs(a - b).max())
+print(f"video checkpoint: HF's video processor from it and loom forward: pixel values max abs difference {diff:.2e}")
+assert diff < 1e-5, diff
+PY
 run() {  # name, ranks, options
   local name=$1 ranks=$2
   shift 2

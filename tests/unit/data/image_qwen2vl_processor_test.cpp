@@ -3,7 +3,9 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
@@ -150,3 +152,41 @@ TEST(Qwen2VLProcessor, LargeImageIsCappedByMaxPixels) {
 
 }  // namespace
 }  // namespace loom::data
+
+// A checkpoint's video frame bounds: written as transformers' video processor reads them, and read
+// back from video_preprocessor_config.json, or from processor_config.json's "video_processor", which
+// transformers prefers; without either, a frame has the image bounds.
+TEST(Qwen2VLProcessor, VideoBoundsRoundTripThroughTheVideoProcessorsConfig) {
+  const std::string dir = ::testing::TempDir() + "/qwen2vl_video_config";
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  const auto write = [&](const std::string& name, const nlohmann::ordered_json& json) {
+    std::ofstream(dir + "/" + name) << json.dump();
+  };
+  loom::data::Qwen2VLImageOptions options;
+  options.min_pixels = 3136;
+  options.max_pixels = 6272;
+  loom::data::Qwen2VLImageProcessor processor(options);
+  write("preprocessor_config.json", processor.preprocessor_config());
+  const loom::data::Qwen2VLImageOptions plain = loom::data::read_qwen2vl_image_options(dir, {});
+  EXPECT_EQ(plain.video_min_pixels, 0);
+  EXPECT_EQ(plain.video_max_pixels, 0);
+
+  processor.set_video_pixel_bounds(0, 4704);
+  const nlohmann::ordered_json video = processor.video_preprocessor_config();
+  EXPECT_EQ(video["size"], (nlohmann::ordered_json{{"shortest_edge", 3136}, {"longest_edge", 4704}}));
+  EXPECT_EQ(video["do_sample_frames"], false);
+  write("video_preprocessor_config.json", video);
+  const loom::data::Qwen2VLImageOptions read = loom::data::read_qwen2vl_image_options(dir, {});
+  EXPECT_EQ(read.min_pixels, 3136);
+  EXPECT_EQ(read.max_pixels, 6272);
+  EXPECT_EQ(read.video_min_pixels, 3136);
+  EXPECT_EQ(read.video_max_pixels, 4704);
+
+  write("processor_config.json",
+        {{"video_processor", {{"size", {{"shortest_edge", 1000}, {"longest_edge", 2000}}}}}});
+  const loom::data::Qwen2VLImageOptions nested = loom::data::read_qwen2vl_image_options(dir, {});
+  EXPECT_EQ(nested.video_min_pixels, 1000);
+  EXPECT_EQ(nested.video_max_pixels, 2000);
+  std::filesystem::remove_all(dir);
+}

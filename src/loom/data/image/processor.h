@@ -65,6 +65,9 @@ class ImageProcessor {
   virtual int64_t size_multiple() const = 0;
   // preprocessor_config.json, as the family's processor in transformers reads it.
   virtual nlohmann::ordered_json preprocessor_config() const = 0;
+  // video_preprocessor_config.json, as the family's video processor in transformers reads it; null
+  // (the default) when the family takes no videos.
+  virtual nlohmann::ordered_json video_preprocessor_config() const { return nullptr; }
   // processor_config.json, the processor class transformers' AutoProcessor makes and its own settings
   // (e.g. the image tokens per tile); null when the family's processor needs no such file.
   virtual nlohmann::ordered_json processor_config() const = 0;

@@ -6,6 +6,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -138,22 +140,60 @@ int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge) {
   return patches / unit;
 }
 
+namespace {
+
+// The pixel bounds settings give: min_pixels / max_pixels, else size's shortest_edge / longest_edge;
+// those not given are left as they are.
+void read_pixel_bounds(const nlohmann::json& j, int64_t& min_pixels, int64_t& max_pixels) {
+  const bool sized = j.contains("size") && j["size"].is_object();
+  if (j.contains("min_pixels"))
+    min_pixels = j["min_pixels"].get<int64_t>();
+  else if (sized && j["size"].contains("shortest_edge"))
+    min_pixels = j["size"]["shortest_edge"].get<int64_t>();
+  if (j.contains("max_pixels"))
+    max_pixels = j["max_pixels"].get<int64_t>();
+  else if (sized && j["size"].contains("longest_edge"))
+    max_pixels = j["size"]["longest_edge"].get<int64_t>();
+}
+
+// The video processor's settings in a model directory, as transformers looks for them; null when
+// there are none of its own.
+ImageProcessorSettings read_video_processor_settings(const std::string& dir) {
+  namespace fs = std::filesystem;
+  for (const char* name : {"processor_config.json", "video_preprocessor_config.json"}) {
+    const fs::path path = fs::path(dir) / name;
+    if (!fs::is_regular_file(path)) continue;
+    std::ifstream in(path);
+    nlohmann::json file;
+    try {
+      file = nlohmann::json::parse(in);
+    } catch (const nlohmann::json::parse_error& e) {
+      throw DataError(fmt::format("{}: not valid JSON ({})", path.string(), e.what()));
+    }
+    if (std::string(name) == "video_preprocessor_config.json") return {std::move(file), path.string()};
+    if (file.is_object() && file.contains("video_processor"))
+      return {std::move(file["video_processor"]), path.string()};
+  }
+  return {};
+}
+
+}  // namespace
+
 Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLImageOptions options) {
+  const ImageProcessorSettings video = read_video_processor_settings(dir);
+  if (!video.settings.is_null()) {
+    try {
+      read_pixel_bounds(video.settings, options.video_min_pixels, options.video_max_pixels);
+    } catch (const nlohmann::json::exception& e) {
+      throw DataError(fmt::format("{}: {}", video.path, e.what()));
+    }
+  }
   const ImageProcessorSettings read = read_image_processor_settings(dir);
   if (read.settings.is_null()) return options;
   const std::string& path = read.path;
   try {
     const nlohmann::json& j = read.settings;
-    if (j.contains("min_pixels")) {
-      options.min_pixels = j["min_pixels"].get<int64_t>();
-    } else if (j.contains("size") && j["size"].contains("shortest_edge")) {
-      options.min_pixels = j["size"]["shortest_edge"].get<int64_t>();
-    }
-    if (j.contains("max_pixels")) {
-      options.max_pixels = j["max_pixels"].get<int64_t>();
-    } else if (j.contains("size") && j["size"].contains("longest_edge")) {
-      options.max_pixels = j["size"]["longest_edge"].get<int64_t>();
-    }
+    read_pixel_bounds(j, options.min_pixels, options.max_pixels);
     if (j.contains("image_mean"))
       for (size_t c = 0; c < 3; ++c) options.mean[c] = j["image_mean"].at(c).get<float>();
     if (j.contains("image_std"))
@@ -219,6 +259,30 @@ nlohmann::ordered_json Qwen2VLImageProcessor::preprocessor_config() const {
           {"patch_size", image.patch_size},
           {"temporal_patch_size", image.temporal_patch_size},
           {"merge_size", image.merge_size}};
+}
+
+nlohmann::ordered_json Qwen2VLImageProcessor::video_preprocessor_config() const {
+  const Qwen2VLImageOptions& o = options_;
+  const int64_t min_pixels = o.video_min_pixels > 0 ? o.video_min_pixels : o.min_pixels;
+  const int64_t max_pixels = o.video_max_pixels > 0 ? o.video_max_pixels : o.max_pixels;
+  return {{"video_processor_type", "Qwen2VLVideoProcessor"},
+          {"processor_class", "Qwen2VLProcessor"},
+          {"do_convert_rgb", true},
+          {"do_resize", true},
+          {"resample", 3},  // bicubic
+          {"do_rescale", true},
+          {"rescale_factor", 1.0 / 255.0},
+          {"do_normalize", true},
+          {"image_mean", o.mean},
+          {"image_std", o.std},
+          {"min_pixels", min_pixels},
+          {"max_pixels", max_pixels},
+          {"size", {{"shortest_edge", min_pixels}, {"longest_edge", max_pixels}}},
+          {"patch_size", o.patch_size},
+          {"temporal_patch_size", o.temporal_patch_size},
+          {"merge_size", o.merge_size},
+          {"do_sample_frames", false},
+          {"cap_pixels_per_frame", false}};
 }
 
 const std::string& Qwen2VLImageProcessor::default_system() const {

@@ -57,8 +57,10 @@ int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge = 2
 
 // `options` with the image processor settings of a model directory: its preprocessor_config.json, or
 // transformers 5's processor_config.json (the settings under "image_processor", the pixel bounds as
-// size.shortest_edge / longest_edge); `options` as they are when neither exists. DataError naming the
-// file when it is not valid JSON or a value has the wrong type.
+// size.shortest_edge / longest_edge); `options` as they are when neither exists. A video frame's
+// bounds come, as transformers' video processor takes them, from processor_config.json's
+// "video_processor", else video_preprocessor_config.json; without either, a frame has the image's. DataError
+// naming the file when it is not valid JSON or a value has the wrong type.
 Qwen2VLImageOptions read_qwen2vl_image_options(const std::string& dir, Qwen2VLImageOptions options);
 
 // Qwen2VLImageProcessor as the data path uses it: images as <|vision_start|>, the merged tokens'
@@ -80,6 +82,9 @@ class Qwen2VLImageProcessor : public ImageProcessor {
   // Its settings, with both the older (min_pixels, max_pixels) and the newer (shortest_edge,
   // longest_edge) forms of its size.
   nlohmann::ordered_json preprocessor_config() const override;
+  // Qwen2VLVideoProcessor's: a frame's bounds as size (and min_pixels, max_pixels), frames taken as
+  // given (do_sample_frames false: Loom samples them) and no cap on a video's total pixels.
+  nlohmann::ordered_json video_preprocessor_config() const override;
   // None: Qwen2VLProcessor is found from config.json's model_type and takes its tokens' defaults.
   nlohmann::ordered_json processor_config() const override { return nullptr; }
   nlohmann::ordered_json named_tokens() const override { return nlohmann::ordered_json::object(); }

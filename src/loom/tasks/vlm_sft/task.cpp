@@ -152,6 +152,8 @@ void VlmSftTask::save_artifacts(const std::string& dir) const {
   };
   const data::ImageProcessor& processor = data_->processor();
   write("preprocessor_config.json", processor.preprocessor_config());
+  const nlohmann::ordered_json video_config = processor.video_preprocessor_config();
+  if (!video_config.is_null()) write("video_preprocessor_config.json", video_config);
   const nlohmann::ordered_json processor_config = processor.processor_config();
   if (!processor_config.is_null()) write("processor_config.json", processor_config);
   const std::string chat_template = data_->chat_template();
