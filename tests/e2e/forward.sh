@@ -66,6 +66,15 @@ PY
 # Loom's InternVL processor (tiles and thumbnails), then logits and image embeddings within 1e-4 of
 # transformers' (under two ranks too: the model split by tensor parallelism).
 IVL="$SRC/tests/fixtures/internvl-tiny"
+forward_on() {  # ranks, what, forward's options: one process, or two (tensor parallelism)
+  local ranks=$1 what=$2
+  shift 2
+  if [ "$ranks" = 1 ]; then
+    "$LOOM" forward "$@" > /dev/null || fail "$what forward failed"
+  else
+    "$LOOM" run -n "$ranks" -- "$LOOM" forward "$@" > /dev/null || fail "$what forward over $ranks ranks failed"
+  fi
+}
 for variant in qwen2 qwen3; do
   for sample in s1_1tile s2_2tiles s3_6tiles s4_two_images; do
     python3 - "$IVL" "$sample" "$WORK/ivl-$sample.json" <<'PY'
@@ -78,13 +87,8 @@ json.dump({"input_ids": sample["input_ids"], "images": images}, open(out, "w"))
 PY
     for ranks in 1 2; do
       out="$WORK/ivl-$variant-$sample-$ranks"
-      if [ "$ranks" = 1 ]; then
-        "$LOOM" forward --model "$IVL/$variant" --input "$WORK/ivl-$sample.json" --out "$out" > /dev/null ||
-          fail "InternVL $variant $sample forward failed"
-      else
-        "$LOOM" run -n 2 -- "$LOOM" forward --model "$IVL/$variant" --input "$WORK/ivl-$sample.json" --out "$out" \
-          > /dev/null || fail "InternVL $variant $sample forward over two ranks failed"
-      fi
+      forward_on "$ranks" "InternVL $variant $sample" --model "$IVL/$variant" --input "$WORK/ivl-$sample.json" \
+        --out "$out"
       python3 - "$out" "$IVL/$variant/expected" "$sample" "$variant $ranks" <<'PY'
 import json, struct, sys
 out, expected, name, what = sys.argv[1:]
@@ -126,13 +130,8 @@ json.dump({"input_ids": [ids], "videos": [[f"{fix}/{f}" for f in frames]], "vide
 PY
     for ranks in 1 2; do
       out="$WORK/video-$family-$clip-$ranks"
-      if [ "$ranks" = 1 ]; then
-        "$LOOM" forward --model "$VID/$family" --input "$WORK/video-$family-$clip.json" --out "$out" > /dev/null ||
-          fail "$family video forward failed"
-      else
-        "$LOOM" run -n 2 -- "$LOOM" forward --model "$VID/$family" --input "$WORK/video-$family-$clip.json" \
-          --out "$out" > /dev/null || fail "$family video forward over two ranks failed"
-      fi
+      forward_on "$ranks" "$family video" --model "$VID/$family" --input "$WORK/video-$family-$clip.json" \
+        --out "$out"
       python3 - "$out" "$VID/$family" "$clip" "$family $ranks rank(s) $clip" "$WORK/video-$family-$clip.json" <<'PY'
 import json, struct, sys
 out, fix, clip, what, given = sys.argv[1:]

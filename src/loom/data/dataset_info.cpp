@@ -43,22 +43,10 @@ std::vector<std::string> names_of(const json& object) {
   return names;
 }
 
-template <class Map>
-std::string listed(const Map& known) {
-  std::string out;
-  for (const auto& entry : known) {
-    if constexpr (std::is_same_v<Map, std::set<std::string>>)
-      out += (out.empty() ? "" : ", ") + entry;
-    else
-      out += (out.empty() ? "" : ", ") + entry.first;
-  }
-  return out;
-}
-
 // DataError for a key of `object` (an entry, or its columns or tags) that LLaMA-Factory does not define.
 template <class Map>
 void check_keys(const json& object, const Map& known, const std::string& where) {
-  std::vector<std::string> valid;
+  std::vector<std::string> valid;  // in the map's (sorted) order
   for (const auto& entry : known) {
     if constexpr (std::is_same_v<Map, std::set<std::string>>)
       valid.push_back(entry);
@@ -68,7 +56,7 @@ void check_keys(const json& object, const Map& known, const std::string& where) 
   for (const auto& [key, value] : object.items())
     if (!known.count(key))
       throw DataError(fmt::format("{}: unknown key '{}'{} (valid keys: {})", where, key,
-                                  did_you_mean(key, valid), listed(known)));
+                                  did_you_mean(key, valid), fmt::join(valid, ", ")));
 }
 
 }  // namespace

@@ -38,21 +38,15 @@ class EmbedLayer : public TextLayer {
     if (carry.has("image_embeds")) {
       // The images' rows, then the videos'.
       auto image_embeds = carry.take("image_embeds").to(embeds.scalar_type());
-      if (c.video_tokens == 0 && c.image_tokens != image_embeds.size(0))
-        throw ModelError(fmt::format("the input ids hold {} image tokens but the images give {} embeddings",
-                                     c.image_tokens, image_embeds.size(0)));
       if (c.image_tokens + c.video_tokens != image_embeds.size(0))
         throw ModelError(
             fmt::format("the input ids hold {} image and {} video tokens but the vision tower gives {} "
                         "embeddings",
                         c.image_tokens, c.video_tokens, image_embeds.size(0)));
-      if (c.video_tokens == 0) {
-        embeds = embeds.masked_scatter(c.image_mask, image_embeds);
-      } else {
-        if (c.image_tokens > 0)
-          embeds = embeds.masked_scatter(c.image_mask, image_embeds.narrow(0, 0, c.image_tokens));
+      if (c.image_tokens > 0)
+        embeds = embeds.masked_scatter(c.image_mask, image_embeds.narrow(0, 0, c.image_tokens));
+      if (c.video_tokens > 0)
         embeds = embeds.masked_scatter(c.video_mask, image_embeds.narrow(0, c.image_tokens, c.video_tokens));
-      }
     }
     if (c.text_shard.enabled()) embeds = c.text_shard.scatter(embeds.flatten(0, 1)).unsqueeze(0);
     carry.set("hidden", parallel::scatter_sequence(tp_, kTokenDim, embeds, c.text_chunks));
