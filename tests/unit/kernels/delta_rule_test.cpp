@@ -1,0 +1,109 @@
+// The gated delta rule against transformers' own (tests/fixtures/delta-rule: Qwen3.5's
+// torch_chunk_gated_delta_rule and torch_recurrent_gated_delta_rule, each sample run alone): lengths
+// 1, 63, 64, 65 and 4096, packed samples (the state resets at each boundary), a given initial state;
+// and the chunked form's gradients against the token-by-token form's.
+#include "loom/kernels/delta_rule.h"
+
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "loom/checkpoint/safetensors.h"
+
+namespace loom::kernels {
+namespace {
+
+const checkpoint::SafetensorsReader& fixture() {
+  static const checkpoint::SafetensorsReader reader(std::string(LOOM_SOURCE_DIR) +
+                                                    "/tests/fixtures/delta-rule/delta_rule.safetensors");
+  return reader;
+}
+
+struct Case {
+  at::Tensor q, k, v, g, beta, initial_state, chunk, recurrent, final_state;
+  std::vector<int64_t> cu_seqlens;
+};
+
+Case load(const std::string& name) {
+  const auto& f = fixture();
+  Case c;
+  c.q = f.load(name + ".q");
+  c.k = f.load(name + ".k");
+  c.v = f.load(name + ".v");
+  c.g = f.load(name + ".g");
+  c.beta = f.load(name + ".beta");
+  c.chunk = f.load(name + ".chunk");
+  c.recurrent = f.load(name + ".recurrent");
+  c.final_state = f.load(name + ".final_state");
+  if (f.contains(name + ".initial_state")) c.initial_state = f.load(name + ".initial_state");
+  const at::Tensor cu = f.load(name + ".cu_seqlens");
+  c.cu_seqlens.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
+  return c;
+}
+
+double max_diff(const at::Tensor& a, const at::Tensor& b) {
+  EXPECT_EQ(a.sizes(), b.sizes());
+  return (a.to(at::kDouble) - b.to(at::kDouble)).abs().max().item<double>();
+}
+
+using DeltaRule = DeltaRuleResult (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                      const at::Tensor&, const at::Tensor&, const std::vector<int64_t>&,
+                                      const at::Tensor&, DeltaRuleOptions);
+
+void expect_matches_transformers(const std::string& name, DeltaRule rule, double bound) {
+  const Case c = load(name);
+  const DeltaRuleResult got = rule(c.q, c.k, c.v, c.g, c.beta, c.cu_seqlens, c.initial_state, {});
+  EXPECT_LT(max_diff(got.out, c.chunk), bound) << name;
+  EXPECT_LT(max_diff(got.out, c.recurrent), bound) << name;
+  EXPECT_LT(max_diff(got.final_state, c.final_state), bound) << name;
+}
+
+TEST(DeltaRule, CompositeMatchesTransformers) {
+  for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial"})
+    expect_matches_transformers(name, composite_delta_rule, 1e-6);
+  for (const char* name : {"len4096", "packed4096"})
+    expect_matches_transformers(name, composite_delta_rule, 2e-6);
+}
+
+TEST(DeltaRule, RecurrentMatchesTransformers) {
+  for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial"})
+    expect_matches_transformers(name, recurrent_delta_rule, 1e-6);
+}
+
+TEST(DeltaRule, PackedSamplesDoNotShareState) {
+  // The packed case's middle sample is one token: run alone from a zero state, o = scale * beta *
+  // (q . k) v, whatever came before it in the row.
+  const Case c = load("packed");
+  const DeltaRuleResult got = composite_delta_rule(c.q, c.k, c.v, c.g, c.beta, c.cu_seqlens);
+  const int64_t t = c.cu_seqlens[1], repeat = c.v.size(1) / c.q.size(1);
+  const at::Tensor qk = (c.q[t] * c.k[t]).sum(-1).repeat_interleave(repeat);  // (Hv)
+  const at::Tensor expected =
+      (qk * c.beta[t] / std::sqrt(static_cast<double>(c.q.size(2)))).unsqueeze(-1) * c.v[t];
+  EXPECT_LT(max_diff(got.out[t], expected), 1e-6);
+}
+
+TEST(DeltaRule, CompositeGradientsMatchTheRecurrentForm) {
+  const Case c = load("initial");
+  std::vector<at::Tensor> grads[2];
+  const at::Tensor dout = at::randn(c.v.sizes(), at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor dstate = at::randn(c.final_state.sizes(), at::TensorOptions().dtype(at::kFloat));
+  for (int form = 0; form < 2; ++form) {
+    std::vector<at::Tensor> inputs;
+    for (const at::Tensor& x : {c.q, c.k, c.v, c.g, c.beta, c.initial_state})
+      inputs.push_back(x.clone().requires_grad_(true));
+    const DeltaRule rule = form == 0 ? composite_delta_rule : recurrent_delta_rule;
+    const DeltaRuleResult r =
+        rule(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], c.cu_seqlens, inputs[5], {});
+    ((r.out * dout).sum() + (r.final_state * dstate).sum()).backward();
+    for (const at::Tensor& x : inputs) grads[form].push_back(x.grad());
+  }
+  const char* names[] = {"q", "k", "v", "g", "beta", "initial_state"};
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double scale = grads[1][i].abs().max().item<double>();
+    EXPECT_LT(max_diff(grads[0][i], grads[1][i]) / scale, 1e-5) << names[i];
+  }
+}
+
+}  // namespace
+}  // namespace loom::kernels
