@@ -23,6 +23,16 @@ struct DeltaRuleResult {
   at::Tensor final_state;  // (segments, Hv, Dk, Dv): each segment's state after its last token
 };
 
+// The fused kernel, differentiable in q, k, v, g, beta and initial_state (each segment's state
+// before its first token; zero when undefined). On the CPU each (segment, value head) runs on a
+// thread of its own: the recurrence token by token in fp32, one pass over the state per step for the
+// decay and the read and one for the write and the output; the state is kept at every chunk_size
+// tokens, and the backward pass recomputes a chunk's states from its checkpoint, so memory grows
+// with tokens / chunk_size states, not tokens. Tensors elsewhere get composite_delta_rule.
+DeltaRuleResult delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
+                           const at::Tensor& beta, const std::vector<int64_t>& cu_seqlens,
+                           const at::Tensor& initial_state = {}, DeltaRuleOptions options = {});
+
 // The chunked form in plain tensor ops (differentiable by autograd; the reference the kernels are
 // tested against): each segment padded to whole chunks; within a chunk the updates are condensed by
 // the UT transform (a unit lower-triangular solve), chunks scanned in order. `initial_state`

@@ -66,6 +66,51 @@ TEST(DeltaRule, CompositeMatchesTransformers) {
     expect_matches_transformers(name, composite_delta_rule, 2e-6);
 }
 
+TEST(DeltaRule, FusedKernelMatchesTransformers) {
+  for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial"})
+    expect_matches_transformers(name, delta_rule, 1e-6);
+  for (const char* name : {"len4096", "packed4096"}) expect_matches_transformers(name, delta_rule, 2e-6);
+}
+
+// The gradients of every input (and of the initial state) given random output and final-state
+// gradients, relative to the largest, between two implementations.
+double gradient_difference(const Case& c, DeltaRule first, DeltaRule second, DeltaRuleOptions options,
+                           const char** worst) {
+  std::vector<at::Tensor> grads[2];
+  const at::Tensor dout = at::randn(c.v.sizes(), at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor dstate = at::randn(c.final_state.sizes(), at::TensorOptions().dtype(at::kFloat));
+  const at::Tensor state0 = c.initial_state.defined() ? c.initial_state : at::zeros_like(c.final_state);
+  for (int form = 0; form < 2; ++form) {
+    std::vector<at::Tensor> inputs;
+    for (const at::Tensor& x : {c.q, c.k, c.v, c.g, c.beta, state0})
+      inputs.push_back(x.clone().requires_grad_(true));
+    const DeltaRuleResult r = (form == 0 ? first : second)(inputs[0], inputs[1], inputs[2], inputs[3],
+                                                           inputs[4], c.cu_seqlens, inputs[5], options);
+    ((r.out * dout).sum() + (r.final_state * dstate).sum()).backward();
+    for (const at::Tensor& x : inputs) grads[form].push_back(x.grad());
+  }
+  static const char* names[] = {"q", "k", "v", "g", "beta", "initial_state"};
+  double most = 0;
+  for (size_t i = 0; i < grads[0].size(); ++i) {
+    const double d = max_diff(grads[0][i], grads[1][i]) / grads[1][i].abs().max().item<double>();
+    if (d >= most) {
+      most = d;
+      *worst = names[i];
+    }
+  }
+  return most;
+}
+
+TEST(DeltaRule, FusedKernelGradientsMatchTheComposite) {
+  // Chunks of 64 (the checkpoints fall inside the 65-token samples) and of 7 (many checkpoints).
+  for (const int64_t chunk : {64, 7})
+    for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial", "packed4096"}) {
+      const char* worst = "";
+      EXPECT_LT(gradient_difference(load(name), delta_rule, composite_delta_rule, {0, chunk}, &worst), 1e-5)
+          << name << " chunk " << chunk << ": " << worst;
+    }
+}
+
 TEST(DeltaRule, RecurrentMatchesTransformers) {
   for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial"})
     expect_matches_transformers(name, recurrent_delta_rule, 1e-6);
@@ -84,24 +129,10 @@ TEST(DeltaRule, PackedSamplesDoNotShareState) {
 }
 
 TEST(DeltaRule, CompositeGradientsMatchTheRecurrentForm) {
-  const Case c = load("initial");
-  std::vector<at::Tensor> grads[2];
-  const at::Tensor dout = at::randn(c.v.sizes(), at::TensorOptions().dtype(at::kFloat));
-  const at::Tensor dstate = at::randn(c.final_state.sizes(), at::TensorOptions().dtype(at::kFloat));
-  for (int form = 0; form < 2; ++form) {
-    std::vector<at::Tensor> inputs;
-    for (const at::Tensor& x : {c.q, c.k, c.v, c.g, c.beta, c.initial_state})
-      inputs.push_back(x.clone().requires_grad_(true));
-    const DeltaRule rule = form == 0 ? composite_delta_rule : recurrent_delta_rule;
-    const DeltaRuleResult r =
-        rule(inputs[0], inputs[1], inputs[2], inputs[3], inputs[4], c.cu_seqlens, inputs[5], {});
-    ((r.out * dout).sum() + (r.final_state * dstate).sum()).backward();
-    for (const at::Tensor& x : inputs) grads[form].push_back(x.grad());
-  }
-  const char* names[] = {"q", "k", "v", "g", "beta", "initial_state"};
-  for (size_t i = 0; i < grads[0].size(); ++i) {
-    const double scale = grads[1][i].abs().max().item<double>();
-    EXPECT_LT(max_diff(grads[0][i], grads[1][i]) / scale, 1e-5) << names[i];
+  for (const char* name : {"initial", "packed"}) {
+    const char* worst = "";
+    EXPECT_LT(gradient_difference(load(name), composite_delta_rule, recurrent_delta_rule, {}, &worst), 1e-5)
+        << name << ": " << worst;
   }
 }
 
