@@ -1,0 +1,58 @@
+// Qwen3.5's linear-attention layer, Gated DeltaNet, with HuggingFace's parameter names
+// (linear_attn.*): the input projections (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a), the causal
+// depthwise convolution of q, k and v with SiLU (conv1d), L2-normalised q and k, the decay
+// g = -exp(A_log) * softplus(a + dt_bias) and write strength beta = sigmoid(b), the gated delta rule
+// (kernels/delta_rule.h), the output's RMSNorm gated by SiLU(z) (norm) and out_proj. Packed rows:
+// the convolution and the delta rule both start afresh at every sample boundary of cu_seqlens.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <vector>
+
+#include "loom/parallel/tensor.h"
+
+namespace loom::models::qwen3_5 {
+
+struct GatedDeltaNetConfig {
+  int64_t hidden_size = 0;
+  int64_t num_key_heads = 0, num_value_heads = 0;  // linear_num_key_heads, linear_num_value_heads
+  int64_t key_head_dim = 0, value_head_dim = 0;    // linear_key_head_dim, linear_value_head_dim
+  int64_t conv_kernel = 4;                         // linear_conv_kernel_dim
+  double rms_norm_eps = 1e-6;
+  int64_t key_dim() const { return num_key_heads * key_head_dim; }
+  int64_t value_dim() const { return num_value_heads * value_head_dim; }
+  int64_t conv_dim() const { return 2 * key_dim() + value_dim(); }
+};
+
+// The causal depthwise convolution over packed rows: x (T, C), weight (C, K) -> (T, C) with
+// out[t, c] = sum_j weight[c, j] x[t - (K - 1) + j, c], the rows before t's sample taken as zero
+// (transformers' causal_conv1d_fn, per sample). No activation.
+at::Tensor causal_conv1d(const at::Tensor& x, const at::Tensor& weight,
+                         const std::vector<int64_t>& cu_seqlens);
+
+// The gated output norm: x / sqrt(mean(x^2) + eps) over the last dimension in fp32, cast back to x's
+// dtype, times weight, times SiLU(z) in fp32, cast back (transformers' Qwen3_5RMSNormGated; the
+// weight is the scale itself, not an offset from one).
+at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Tensor& weight, double eps);
+
+// x * rsqrt(sum(x^2) + eps) over the last dimension, in fp32 (the delta rule's q and k).
+at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
+
+class GatedDeltaNet : public torch::nn::Module {
+ public:
+  // Tensor parallelism is not supported yet: a group of more than one rank is a ConfigError.
+  GatedDeltaNet(const GatedDeltaNetConfig& config, const parallel::ParamOptions& options);
+  // x (1, T, hidden), packed samples [cu[i], cu[i+1]) -> (1, T, hidden). `fused`: the delta rule's
+  // fused kernel (kernels::delta_rule) rather than its composite.
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused = true) const;
+
+  GatedDeltaNetConfig config;
+  std::shared_ptr<parallel::ColumnParallelLinear> in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;
+  std::shared_ptr<torch::nn::Module> conv1d, norm;  // conv1d.weight (conv_dim, 1, K); norm.weight (dv)
+  at::Tensor conv_weight, norm_weight, dt_bias, A_log;
+  std::shared_ptr<parallel::RowParallelLinear> out_proj;
+};
+
+}  // namespace loom::models::qwen3_5

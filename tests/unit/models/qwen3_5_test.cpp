@@ -1,0 +1,70 @@
+// Qwen3.5's parts against transformers' (tests/fixtures/qwen3_5, made by its generators with the
+// pinned transformers): the Gated DeltaNet layer on three packed samples (5, 1 and 70 tokens; the
+// last crosses a 64-token chunk), outputs and every gradient, through the fused delta-rule kernel
+// and the composite; and the convolution's sample boundaries.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "loom/checkpoint/safetensors.h"
+#include "loom/models/qwen3_5/gated_deltanet.h"
+
+namespace loom::models::qwen3_5 {
+namespace {
+
+double relative_difference(const at::Tensor& got, const at::Tensor& expected) {
+  EXPECT_EQ(got.sizes(), expected.sizes());
+  return (got.to(at::kDouble) - expected.to(at::kDouble)).abs().max().item<double>() /
+         expected.abs().max().item<double>();
+}
+
+TEST(Qwen35GatedDeltaNet, MatchesTransformersOnPackedSamples) {
+  const checkpoint::SafetensorsReader f(std::string(LOOM_SOURCE_DIR) +
+                                        "/tests/fixtures/qwen3_5/gated_deltanet.safetensors");
+  const auto json = nlohmann::json::parse(f.metadata().at("config"));
+  GatedDeltaNetConfig c;
+  c.hidden_size = json["hidden_size"];
+  c.num_key_heads = json["linear_num_key_heads"];
+  c.num_value_heads = json["linear_num_value_heads"];
+  c.key_head_dim = json["linear_key_head_dim"];
+  c.value_head_dim = json["linear_value_head_dim"];
+  c.conv_kernel = json["linear_conv_kernel_dim"];
+  c.rms_norm_eps = json["rms_norm_eps"];
+  std::vector<int64_t> cu{0};
+  for (const int64_t n : nlohmann::json::parse(f.metadata().at("lengths"))) cu.push_back(cu.back() + n);
+  for (const bool fused : {true, false}) {
+    GatedDeltaNet layer(c, parallel::ParamOptions{});
+    std::vector<std::string> names;
+    {
+      at::NoGradGuard no_grad;
+      for (auto& item : layer.named_parameters()) {
+        item.value().copy_(f.load(item.key()));
+        names.push_back(item.key());
+      }
+    }
+    ASSERT_EQ(names.size(), 9u);
+    const at::Tensor x = f.load("x").requires_grad_(true);
+    const at::Tensor out = layer.forward(x, cu, fused);
+    EXPECT_LT(relative_difference(out, f.load("out")), 1e-5) << (fused ? "fused" : "composite");
+    (out * f.load("dout")).sum().backward();
+    EXPECT_LT(relative_difference(x.grad(), f.load("dx")), 1e-4) << (fused ? "fused" : "composite");
+    for (auto& item : layer.named_parameters())
+      EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-4)
+          << item.key() << (fused ? " fused" : " composite");
+  }
+}
+
+TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {
+  // Kernel 3 over samples of 2 and 3 rows: each output is the sum over the rows of its own sample
+  // that the kernel reaches, weights (1, 10, 100) from the oldest row to the current one.
+  const at::Tensor x = at::tensor({1.0, 2.0, 3.0, 4.0, 5.0}).view({5, 1});
+  const at::Tensor weight = at::tensor({1.0, 10.0, 100.0}).view({1, 3});
+  const at::Tensor out = causal_conv1d(x, weight, {0, 2, 5}).view({5});
+  const std::vector<double> expected = {100, 210, 300, 430, 543};
+  for (int64_t t = 0; t < 5; ++t) EXPECT_DOUBLE_EQ(out[t].item<double>(), expected[t]) << t;
+}
+
+}  // namespace
+}  // namespace loom::models::qwen3_5
