@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "loom/checkpoint/safetensors.h"
+#include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
 
 namespace loom::models::qwen3_5 {
@@ -54,6 +55,44 @@ TEST(Qwen35GatedDeltaNet, MatchesTransformersOnPackedSamples) {
       EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-4)
           << item.key() << (fused ? " fused" : " composite");
   }
+}
+
+TEST(Qwen35GatedAttention, MatchesTransformersOnPackedSamples) {
+  const checkpoint::SafetensorsReader f(std::string(LOOM_SOURCE_DIR) +
+                                        "/tests/fixtures/qwen3_5/attention.safetensors");
+  const auto json = nlohmann::json::parse(f.metadata().at("config"));
+  AttentionConfig c;
+  c.hidden_size = json["hidden_size"];
+  c.num_heads = json["num_attention_heads"];
+  c.num_kv_heads = json["num_key_value_heads"];
+  c.head_dim = json["head_dim"];
+  c.rms_norm_eps = json["rms_norm_eps"];
+  const auto& rope = json["rope_parameters"];
+  RotaryConfig r;
+  r.theta = rope["rope_theta"];
+  r.rotary_dim = static_cast<int64_t>(c.head_dim * rope["partial_rotary_factor"].get<double>());
+  r.sections = rope["mrope_section"].get<std::vector<int64_t>>();
+  std::vector<int64_t> cu{0};
+  for (const int64_t n : nlohmann::json::parse(f.metadata().at("lengths"))) cu.push_back(cu.back() + n);
+
+  // Interleaved M-RoPE: the image tokens' height and width positions turn their own frequencies.
+  const auto [cos, sin] = rotary_tables(f.load("positions"), r, at::kFloat);
+  EXPECT_LT(relative_difference(cos, f.load("cos")), 1e-6);
+  EXPECT_LT(relative_difference(sin, f.load("sin")), 1e-6);
+
+  GatedAttention layer(c, parallel::ParamOptions{});
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : layer.named_parameters()) item.value().copy_(f.load(item.key()));
+  }
+  ASSERT_EQ(layer.named_parameters().size(), 6u);
+  const at::Tensor x = f.load("x").requires_grad_(true);
+  const at::Tensor out = layer.forward(x, cos, sin, cu);
+  EXPECT_LT(relative_difference(out, f.load("out")), 1e-5);
+  (out * f.load("dout")).sum().backward();
+  EXPECT_LT(relative_difference(x.grad(), f.load("dx")), 1e-5);
+  for (auto& item : layer.named_parameters())
+    EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-5) << item.key();
 }
 
 TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {
