@@ -11,6 +11,7 @@
 #include "loom/checkpoint/safetensors.h"
 #include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
+#include "loom/models/qwen3_5/text.h"
 
 namespace loom::models::qwen3_5 {
 namespace {
@@ -93,6 +94,84 @@ TEST(Qwen35GatedAttention, MatchesTransformersOnPackedSamples) {
   EXPECT_LT(relative_difference(x.grad(), f.load("dx")), 1e-5);
   for (auto& item : layer.named_parameters())
     EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-5) << item.key();
+}
+
+// The tiny language models' config as the fixture's metadata holds it (HF's text_config keys).
+TextConfig text_config(const nlohmann::json& j) {
+  TextConfig c;
+  c.vocab_size = j["vocab_size"];
+  c.hidden_size = j["hidden_size"];
+  c.layer_types = j["layer_types"].get<std::vector<std::string>>();
+  c.rms_norm_eps = j["rms_norm_eps"];
+  c.attention = {c.hidden_size, j["num_attention_heads"], j["num_key_value_heads"], j["head_dim"], false,
+                 c.rms_norm_eps};
+  c.linear = {c.hidden_size,
+              j["linear_num_key_heads"],
+              j["linear_num_value_heads"],
+              j["linear_key_head_dim"],
+              j["linear_value_head_dim"],
+              j["linear_conv_kernel_dim"],
+              c.rms_norm_eps};
+  const auto& rope = j["rope_parameters"];
+  c.rotary = {rope["rope_theta"],
+              static_cast<int64_t>(c.attention.head_dim * rope["partial_rotary_factor"].get<double>()),
+              rope["mrope_section"].get<std::vector<int64_t>>()};
+  if (j.contains("num_experts")) {
+    c.num_experts = j["num_experts"];
+    c.num_experts_per_tok = j["num_experts_per_tok"];
+    c.moe_intermediate_size = j["moe_intermediate_size"];
+    c.shared_expert_intermediate_size = j["shared_expert_intermediate_size"];
+  } else {
+    c.intermediate_size = j["intermediate_size"];
+  }
+  return c;
+}
+
+// Dense and MoE language models of 4 layers (linear, full, linear, full) on packed samples of 9, 1
+// and 70 tokens: logits, every weight's gradient, and (MoE) each layer's router logits and the
+// load-balancing loss over them.
+TEST(Qwen35TextModel, MatchesTransformersOnPackedSamples) {
+  for (const char* name : {"text_dense", "text_moe"}) {
+    const checkpoint::SafetensorsReader f(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/" + name +
+                                          ".safetensors");
+    const TextConfig c = text_config(nlohmann::json::parse(f.metadata().at("config")));
+    std::vector<int64_t> cu{0};
+    std::vector<at::Tensor> positions;
+    for (const int64_t n : nlohmann::json::parse(f.metadata().at("lengths"))) {
+      cu.push_back(cu.back() + n);
+      positions.push_back(at::arange(n, at::kLong));
+    }
+    const at::Tensor position_rows = at::cat(positions).expand({3, cu.back()});  // text: three equal rows
+    TextModel model(c, parallel::ParamOptions{});
+    auto lm_head = std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.vocab_size, false,
+                                                                    parallel::ParamOptions{});
+    {
+      at::NoGradGuard no_grad;
+      for (auto& item : model.named_parameters()) item.value().copy_(f.load(item.key()));
+      lm_head->weight.copy_(f.load("lm_head.weight"));
+    }
+    std::vector<at::Tensor> routers;
+    const at::Tensor hidden = model.forward(f.load("input_ids"), position_rows, cu, true, &routers);
+    const at::Tensor logits = at::matmul(hidden, lm_head->weight.t());
+    EXPECT_LT((logits - f.load("logits")).abs().max().item<double>(), 1e-4) << name;
+    at::Tensor loss = (logits * f.load("dlogits")).sum();
+    if (c.moe()) {
+      ASSERT_EQ(routers.size(), 4u);
+      for (size_t l = 0; l < routers.size(); ++l)
+        EXPECT_LT(relative_difference(routers[l], f.load("router_logits." + std::to_string(l))), 1e-5) << l;
+      const at::Tensor aux = load_balancing_loss(routers, c.num_experts_per_tok);
+      EXPECT_NEAR(aux.item<double>(), f.load("aux_loss").item<double>(), 1e-6);
+    }
+    loss.backward();
+    size_t checked = 0;
+    for (auto& item : model.named_parameters()) {
+      EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-4)
+          << name << " " << item.key();
+      ++checked;
+    }
+    EXPECT_LT(relative_difference(lm_head->weight.grad(), f.load("grad.lm_head.weight")), 1e-4) << name;
+    EXPECT_EQ(checked + 1, (f.names().size() - (c.moe() ? 8 : 3)) / 2) << name;  // every weight
+  }
 }
 
 TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {

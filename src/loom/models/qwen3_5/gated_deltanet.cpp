@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/kernels/delta_rule.h"
+#include "loom/nn/module_list.h"
 #include "loom/util/errors.h"
 
 namespace loom::models::qwen3_5 {
@@ -36,19 +37,6 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps) {
   return x32 * at::rsqrt(x32.pow(2).sum(-1, true) + eps);
 }
 
-namespace {
-
-// A module holding one parameter, for HF names like conv1d.weight and norm.weight.
-class Holder : public torch::nn::Module {
- public:
-  Holder(at::IntArrayRef shape, const parallel::ParamOptions& options) {
-    weight = register_parameter("weight", at::empty(shape, options.tensor_options()));
-  }
-  at::Tensor weight;
-};
-
-}  // namespace
-
 GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetConfig& c, const parallel::ParamOptions& options)
     : config(c) {
   if (options.tp.size() > 1)
@@ -66,12 +54,14 @@ GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetConfig& c, const parallel::Param
                                                c.hidden_size, c.num_value_heads, false, options));
   in_proj_a = register_module("in_proj_a", std::make_shared<parallel::ColumnParallelLinear>(
                                                c.hidden_size, c.num_value_heads, false, options));
-  auto conv = std::make_shared<Holder>(at::IntArrayRef{c.conv_dim(), 1, c.conv_kernel}, options);
+  auto conv = std::make_shared<nn::WeightHolder>(at::IntArrayRef{c.conv_dim(), 1, c.conv_kernel},
+                                                 options.tensor_options());
   conv_weight = conv->weight;
   conv1d = register_module("conv1d", conv);
   dt_bias = register_parameter("dt_bias", at::empty({c.num_value_heads}, options.tensor_options()));
   A_log = register_parameter("A_log", at::empty({c.num_value_heads}, options.tensor_options()));
-  auto gated_norm = std::make_shared<Holder>(at::IntArrayRef{c.value_head_dim}, options);
+  auto gated_norm =
+      std::make_shared<nn::WeightHolder>(at::IntArrayRef{c.value_head_dim}, options.tensor_options());
   norm_weight = gated_norm->weight;
   norm = register_module("norm", gated_norm);
   out_proj = register_module("out_proj", std::make_shared<parallel::RowParallelLinear>(

@@ -1,0 +1,138 @@
+#include "loom/models/qwen3_5/text.h"
+
+#include <fmt/format.h>
+
+#include "loom/nn/module_list.h"
+#include "loom/util/errors.h"
+
+namespace loom::models::qwen3_5 {
+
+Mlp::Mlp(int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options) {
+  gate_proj = register_module(
+      "gate_proj", std::make_shared<parallel::ColumnParallelLinear>(hidden, intermediate, false, options));
+  up_proj = register_module(
+      "up_proj", std::make_shared<parallel::ColumnParallelLinear>(hidden, intermediate, false, options));
+  down_proj = register_module(
+      "down_proj", std::make_shared<parallel::RowParallelLinear>(intermediate, hidden, false, options));
+}
+
+at::Tensor Mlp::forward(const at::Tensor& x) const {
+  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x), 0);
+}
+
+Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate,
+                 const parallel::ParamOptions& options) {
+  gate_up_proj = register_parameter("gate_up_proj",
+                                    at::empty({experts, 2 * intermediate, hidden}, options.tensor_options()));
+  down_proj =
+      register_parameter("down_proj", at::empty({experts, hidden, intermediate}, options.tensor_options()));
+}
+
+SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions& options)
+    : top_k(c.num_experts_per_tok) {
+  if (top_k < 1 || top_k > c.num_experts)
+    throw ConfigError(
+        fmt::format("num_experts_per_tok {} must be between 1 and num_experts {}", top_k, c.num_experts));
+  gate = register_module(
+      "gate", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.num_experts, false, options));
+  experts = register_module(
+      "experts", std::make_shared<Experts>(c.num_experts, c.hidden_size, c.moe_intermediate_size, options));
+  shared_expert = register_module(
+      "shared_expert", std::make_shared<Mlp>(c.hidden_size, c.shared_expert_intermediate_size, options));
+  shared_expert_gate = register_module("shared_expert_gate", std::make_shared<parallel::ColumnParallelLinear>(
+                                                                 c.hidden_size, 1, false, options));
+}
+
+at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logits) const {
+  const at::Tensor logits = gate->forward(x);  // (T, E), the model's dtype
+  if (router_logits) *router_logits = logits;
+  const at::Tensor probabilities = at::softmax(logits, -1, at::kFloat);
+  auto [weights, chosen] = probabilities.topk(top_k, -1);
+  weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
+  // Each expert over the tokens that chose it, its output weighted and added at their rows.
+  at::Tensor routed = at::zeros_like(x);
+  const at::Tensor flat = chosen.flatten();  // (T * k), token t's picks at [t * k, (t + 1) * k)
+  const int64_t intermediate = experts->down_proj.size(2);
+  for (int64_t e = 0; e < experts->gate_up_proj.size(0); ++e) {
+    const at::Tensor slots = (flat == e).nonzero().squeeze(1);
+    if (slots.numel() == 0) continue;
+    const at::Tensor tokens = at::floor_divide(slots, top_k);
+    const at::Tensor both = at::matmul(x.index_select(0, tokens), experts->gate_up_proj[e].t());
+    const at::Tensor hidden =
+        at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate);
+    const at::Tensor out =
+        at::matmul(hidden, experts->down_proj[e].t()) * weights.flatten().index_select(0, slots).unsqueeze(1);
+    routed = routed.index_add(0, tokens, out);
+  }
+  return routed + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
+}
+
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k) {
+  if (router_logits.empty()) throw ModelError("load_balancing_loss: no router logits");
+  const int64_t experts = router_logits.front().size(-1);
+  const at::Tensor logits = at::cat(router_logits, 0);  // (layers * T, E)
+  const at::Tensor probabilities = at::softmax(logits.to(at::kFloat), -1);
+  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
+  const at::Tensor picks = at::one_hot(chosen, experts).sum(1).to(at::kFloat);  // (rows, E)
+  const double rows = static_cast<double>(logits.size(0));
+  const at::Tensor share = picks.sum(0) / rows, probability = probabilities.sum(0) / rows;
+  return experts * (share * probability).sum();
+}
+
+DecoderLayer::DecoderLayer(const TextConfig& c, size_t index, const parallel::ParamOptions& options) {
+  input_layernorm = register_module(
+      "input_layernorm", std::make_shared<ZeroCentredRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  post_attention_layernorm =
+      register_module("post_attention_layernorm",
+                      std::make_shared<ZeroCentredRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  const std::string& type = c.layer_types.at(index);
+  if (type == "linear_attention")
+    linear_attn = register_module("linear_attn", std::make_shared<GatedDeltaNet>(c.linear, options));
+  else if (type == "full_attention")
+    self_attn = register_module("self_attn", std::make_shared<GatedAttention>(c.attention, options));
+  else
+    throw ConfigError(
+        fmt::format("layer_types[{}] is '{}'; Qwen3.5's layers are linear_attention or "
+                    "full_attention",
+                    index, type));
+  if (c.moe())
+    moe = register_module("mlp", std::make_shared<SparseMoeBlock>(c, options));
+  else
+    mlp = register_module("mlp", std::make_shared<Mlp>(c.hidden_size, c.intermediate_size, options));
+}
+
+at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                 const std::vector<int64_t>& cu_seqlens, bool fused,
+                                 at::Tensor* router_logits) const {
+  const at::Tensor normed = input_layernorm->forward(x);
+  const at::Tensor h = x + (linear_attn ? linear_attn->forward(normed, cu_seqlens, fused)
+                                        : self_attn->forward(normed, cos, sin, cu_seqlens));
+  const at::Tensor rows = post_attention_layernorm->forward(h).squeeze(0);
+  const at::Tensor out = moe ? moe->forward(rows, router_logits) : mlp->forward(rows);
+  return h + out.unsqueeze(0);
+}
+
+TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options) : config(c) {
+  embed_tokens = register_module("embed_tokens", std::make_shared<parallel::VocabParallelEmbedding>(
+                                                     c.vocab_size, c.hidden_size, options));
+  auto list = register_module("layers", std::make_shared<nn::ModuleList>());
+  for (size_t i = 0; i < c.layer_types.size(); ++i)
+    layers.push_back(list->append(std::make_shared<DecoderLayer>(c, i, options)));
+  norm =
+      register_module("norm", std::make_shared<ZeroCentredRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+}
+
+at::Tensor TextModel::forward(const at::Tensor& input_ids, const at::Tensor& positions,
+                              const std::vector<int64_t>& cu_seqlens, bool fused,
+                              std::vector<at::Tensor>* router_logits) const {
+  at::Tensor h = embed_tokens->forward(input_ids);
+  const auto [cos, sin] = rotary_tables(positions, config.rotary, h.scalar_type());
+  for (const auto& layer : layers) {
+    at::Tensor logits;
+    h = layer->forward(h, cos, sin, cu_seqlens, fused, router_logits ? &logits : nullptr);
+    if (router_logits && logits.defined()) router_logits->push_back(logits);
+  }
+  return norm->forward(h);
+}
+
+}  // namespace loom::models::qwen3_5

@@ -1,0 +1,98 @@
+// Qwen3.5's language model with HuggingFace's names (model.language_model.*): embed_tokens, layers
+// of linear attention (Gated DeltaNet) or gated full attention as layer_types says, each with a
+// dense SwiGLU MLP (qwen3_5) or a sparse mixture of experts with a gated shared expert
+// (qwen3_5_moe), zero-centred RMSNorms before each half and at the end.
+#pragma once
+#include <ATen/ATen.h>
+#include <torch/nn/module.h>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "loom/models/qwen3_5/attention.h"
+#include "loom/models/qwen3_5/gated_deltanet.h"
+#include "loom/parallel/tensor.h"
+
+namespace loom::models::qwen3_5 {
+
+struct TextConfig {
+  int64_t vocab_size = 0, hidden_size = 0;
+  std::vector<std::string> layer_types;  // "linear_attention" or "full_attention", one per layer
+  AttentionConfig attention;
+  GatedDeltaNetConfig linear;
+  RotaryConfig rotary;
+  double rms_norm_eps = 1e-6;
+  // Dense: intermediate_size. MoE (num_experts > 0): every layer's experts.
+  int64_t intermediate_size = 0;
+  int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0,
+          shared_expert_intermediate_size = 0;
+  double router_aux_loss_coef = 0.001;
+  bool moe() const { return num_experts > 0; }
+};
+
+// SwiGLU: down(silu(gate(x)) * up(x)); mlp.* (dense) or mlp.shared_expert.*.
+class Mlp : public torch::nn::Module {
+ public:
+  Mlp(int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options);
+  at::Tensor forward(const at::Tensor& x) const;  // (T, hidden) -> (T, hidden)
+  std::shared_ptr<parallel::ColumnParallelLinear> gate_proj, up_proj;
+  std::shared_ptr<parallel::RowParallelLinear> down_proj;
+};
+
+// The experts' weights as transformers fuses them: experts.gate_up_proj (E, 2 * I, hidden), each
+// expert's gate rows then its up rows; experts.down_proj (E, hidden, I).
+class Experts : public torch::nn::Module {
+ public:
+  Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options);
+  at::Tensor gate_up_proj, down_proj;
+};
+
+// The sparse block: router (gate) softmax in fp32 over the experts, the top k renormalised to sum to
+// one, each token through its k experts weighted so; plus the shared expert times
+// sigmoid(shared_expert_gate(x)).
+class SparseMoeBlock : public torch::nn::Module {
+ public:
+  SparseMoeBlock(const TextConfig& config, const parallel::ParamOptions& options);
+  // x (T, hidden) -> (T, hidden); `router_logits`, when given, receives (T, experts).
+  at::Tensor forward(const at::Tensor& x, at::Tensor* router_logits = nullptr) const;
+  int64_t top_k;
+  std::shared_ptr<parallel::ColumnParallelLinear> gate, shared_expert_gate;
+  std::shared_ptr<Experts> experts;
+  std::shared_ptr<Mlp> shared_expert;
+};
+
+// transformers' load-balancing loss over every MoE layer's router logits (T, E): the share of
+// top-k picks each expert got and its mean routing probability, each pooled over all layers and
+// tokens, then E * sum_e share_e * probability_e.
+at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k);
+
+class DecoderLayer : public torch::nn::Module {
+ public:
+  DecoderLayer(const TextConfig& config, size_t index, const parallel::ParamOptions& options);
+  // x (1, T, hidden) -> (1, T, hidden).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                     const std::vector<int64_t>& cu_seqlens, bool fused, at::Tensor* router_logits) const;
+  bool linear() const { return static_cast<bool>(linear_attn); }
+  std::shared_ptr<ZeroCentredRMSNorm> input_layernorm, post_attention_layernorm;
+  std::shared_ptr<GatedDeltaNet> linear_attn;
+  std::shared_ptr<GatedAttention> self_attn;
+  std::shared_ptr<Mlp> mlp;
+  std::shared_ptr<SparseMoeBlock> moe;  // registered as "mlp" in a MoE model
+};
+
+class TextModel : public torch::nn::Module {
+ public:
+  TextModel(const TextConfig& config, const parallel::ParamOptions& options);
+  // input_ids (1, T), positions (3, T) -> the final norm's output (1, T, hidden). Under a MoE model,
+  // `router_logits` (when given) receives every layer's.
+  at::Tensor forward(const at::Tensor& input_ids, const at::Tensor& positions,
+                     const std::vector<int64_t>& cu_seqlens, bool fused = true,
+                     std::vector<at::Tensor>* router_logits = nullptr) const;
+  TextConfig config;
+  std::shared_ptr<parallel::VocabParallelEmbedding> embed_tokens;
+  std::vector<std::shared_ptr<DecoderLayer>> layers;
+  std::shared_ptr<ZeroCentredRMSNorm> norm;
+};
+
+}  // namespace loom::models::qwen3_5
