@@ -12,6 +12,7 @@
 #include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
 #include "loom/models/qwen3_5/text.h"
+#include "loom/models/qwen3_5/vision.h"
 
 namespace loom::models::qwen3_5 {
 namespace {
@@ -172,6 +173,40 @@ TEST(Qwen35TextModel, MatchesTransformersOnPackedSamples) {
     EXPECT_LT(relative_difference(lm_head->weight.grad(), f.load("grad.lm_head.weight")), 1e-4) << name;
     EXPECT_EQ(checked + 1, (f.names().size() - (c.moe() ? 8 : 3)) / 2) << name;  // every weight
   }
+}
+
+// The vision tower on a 4 x 6 image (the 8 x 8 position table shrunk), a 12 x 10 one (grown) and a
+// video of two temporal patches (each its own attention segment): merged output and every gradient.
+TEST(Qwen35VisionModel, MatchesTransformers) {
+  const checkpoint::SafetensorsReader f(std::string(LOOM_SOURCE_DIR) +
+                                        "/tests/fixtures/qwen3_5/vision.safetensors");
+  const auto j = nlohmann::json::parse(f.metadata().at("config"));
+  VisionConfig c;
+  c.depth = j["depth"];
+  c.hidden_size = j["hidden_size"];
+  c.intermediate_size = j["intermediate_size"];
+  c.num_heads = j["num_heads"];
+  c.in_channels = j["in_channels"];
+  c.patch_size = j["patch_size"];
+  c.spatial_merge_size = j["spatial_merge_size"];
+  c.temporal_patch_size = j["temporal_patch_size"];
+  c.out_hidden_size = j["out_hidden_size"];
+  c.num_position_embeddings = j["num_position_embeddings"];
+  VisionModel tower(c, parallel::ParamOptions{});
+  size_t count = 0;
+  {
+    at::NoGradGuard no_grad;
+    for (auto& item : tower.named_parameters()) {
+      item.value().copy_(f.load(item.key()));
+      ++count;
+    }
+  }
+  EXPECT_EQ(count, (f.names().size() - 4) / 2);  // every weight of the fixture
+  const at::Tensor out = tower.forward(f.load("pixel_values"), f.load("grid_thw"));
+  EXPECT_LT(relative_difference(out, f.load("out")), 1e-5);
+  (out * f.load("dout")).sum().backward();
+  for (auto& item : tower.named_parameters())
+    EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-4) << item.key();
 }
 
 TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {
