@@ -188,3 +188,31 @@ PY
     done
   done
 done
+# Qwen3.5, dense and MoE (tests/fixtures/qwen3_5/{dense,moe}: tiny random models as transformers
+# saves them, with an MTP tensor Loom leaves unread): the image through Loom's processor with the
+# directory's settings, then logits within 1e-4 of transformers'.
+for variant in dense moe; do
+  Q35="$SRC/tests/fixtures/qwen3_5/$variant"
+  python3 - "$Q35" "$WORK/q35-$variant.json" <<'PY'
+import json, sys
+from safetensors.numpy import load_file
+fix, out = sys.argv[1:]
+expected = load_file(f"{fix}/expected.safetensors")
+json.dump({"input_ids": expected["image.input_ids"].tolist(), "images": [f"{fix}/image.png"]}, open(out, "w"))
+PY
+  "$LOOM" forward --model "$Q35" --input "$WORK/q35-$variant.json" --out "$WORK/q35-$variant" > "$WORK/q35-$variant.log" 2>&1 ||
+    { cat "$WORK/q35-$variant.log"; fail "Qwen3.5 $variant forward failed"; }
+  grep -q "left 1 multi-token-prediction tensors (mtp.\*) unread" "$WORK/q35-$variant.log" ||
+    { cat "$WORK/q35-$variant.log"; fail "Qwen3.5 $variant: the MTP tensor was not reported"; }
+  python3 - "$WORK/q35-$variant" "$Q35" "$variant" <<'PY'
+import json, sys
+import numpy as np
+from safetensors.numpy import load_file
+out, fix, variant = sys.argv[1:]
+expected = load_file(f"{fix}/expected.safetensors")["image.logits"]
+got = np.fromfile(f"{out}/logits.bin", "<f4").reshape(expected.shape)
+diff = float(np.abs(got - expected).max())
+print(f"Qwen3.5 {variant} image prompt logits: max abs difference {diff:.2e}")
+assert diff < 1e-4, diff
+PY
+done

@@ -24,4 +24,15 @@ for part in dit vae; do
   sed "s/ \[/\t[/" "$SRC/tests/fixtures/wan-tiny/$part/state_dict.txt" | sort > "$WORK/expected"
   diff "$WORK/wan-$part" "$WORK/expected" || fail "tiny Wan $part names differ from upstream's"
 done
+# Qwen3.5: the count transformers' own model gives on the meta device (the published totals add the
+# checkpoints' multi-token-prediction weights, which neither builds), and a tiny model's names as
+# the safetensors transformers wrote (less its MTP tensor).
+"$LOOM" shapes qwen3.5-0.8b | grep -qx "qwen3.5-0.8b: 852985920 parameters" || fail "Qwen3.5-0.8B count"
+"$LOOM" shapes qwen3.5-35b-a3b | grep -qx "qwen3.5-35b-a3b: 35107181936 parameters" || fail "Qwen3.5-35B-A3B count"
+for variant in dense moe; do
+  "$LOOM" shapes "$SRC/tests/fixtures/qwen3_5/$variant" --names | sed '$d' | cut -f1 | sort > "$WORK/q35"
+  python3 -c "import sys; from safetensors import safe_open; print('\n'.join(sorted(k for k in safe_open(sys.argv[1], 'np').keys() if not k.startswith('mtp.'))))" \
+    "$SRC/tests/fixtures/qwen3_5/$variant/model.safetensors" > "$WORK/expected"
+  diff "$WORK/q35" "$WORK/expected" || fail "Qwen3.5 $variant names differ from transformers'"
+done
 echo "shapes: counts and names match"

@@ -93,9 +93,21 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir) {
 
 void load_parameters(torch::nn::Module& module, const std::string& model_dir,
                      const std::function<FileTensor(const std::string& parameter)>& locate) {
+  load_parameters(module, model_dir, locate, [](const std::string&) { return false; });
+}
+
+int64_t load_parameters(torch::nn::Module& module, const std::string& model_dir,
+                        const std::function<FileTensor(const std::string& parameter)>& locate,
+                        const std::function<bool(const std::string& tensor)>& skip) {
   checkpoint::WeightSource source(model_dir);
   std::set<std::string> unused;
-  for (const auto& name : source.names()) unused.insert(name);
+  int64_t skipped = 0;
+  for (const auto& name : source.names()) {
+    if (skip(name))
+      ++skipped;
+    else
+      unused.insert(name);
+  }
   at::NoGradGuard no_grad;
   const auto layouts = parallel::shard_layouts(module);
   for (auto& [parameter, param] : named_parameters(module)) {
@@ -138,6 +150,7 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir,
     throw CheckpointError(fmt::format("{}: tensor '{}' does not belong to this model ({} unexpected tensors)",
                                       model_dir, *unused.begin(), unused.size()));
   spdlog::info("loaded {} tensors from {}", named_parameters(module).size(), model_dir);
+  return skipped;
 }
 
 }  // namespace loom::models

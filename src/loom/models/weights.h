@@ -33,6 +33,11 @@ struct FileTensor {
 // file's tensors): every tensor of the files must be read, but for a tied model's copy of its head.
 void load_parameters(torch::nn::Module& module, const std::string& model_dir,
                      const std::function<FileTensor(const std::string& parameter)>& locate);
+// The same, leaving the file's tensors that `skip` names unread (a checkpoint's parts the model does
+// not have, such as multi-token-prediction weights); returns how many were left.
+int64_t load_parameters(torch::nn::Module& module, const std::string& model_dir,
+                        const std::function<FileTensor(const std::string& parameter)>& locate,
+                        const std::function<bool(const std::string& tensor)>& skip);
 
 // Parameter tensors in module order, with HuggingFace names (this rank's slices under tensor
 // parallelism).

@@ -9,10 +9,13 @@
 #include <vector>
 
 #include "loom/checkpoint/safetensors.h"
+#include "loom/data/image/decode.h"
 #include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
+#include "loom/models/qwen3_5/model.h"
 #include "loom/models/qwen3_5/text.h"
 #include "loom/models/qwen3_5/vision.h"
+#include "loom/models/registry.h"
 
 namespace loom::models::qwen3_5 {
 namespace {
@@ -207,6 +210,77 @@ TEST(Qwen35VisionModel, MatchesTransformers) {
   (out * f.load("dout")).sum().backward();
   for (auto& item : tower.named_parameters())
     EXPECT_LT(relative_difference(item.value().grad(), f.load("grad." + item.key())), 1e-4) << item.key();
+}
+
+// The whole models, dense and MoE, loaded by their family from directories as transformers writes
+// them (the experts fused, an MTP tensor left unread): an image prompt, and a prompt with a video of
+// two temporal patches (each its own block after a timestamp) and an image: position ids exactly
+// transformers' get_rope_index's, logits within 1e-4.
+TEST(Qwen35Model, LoadsAndMatchesTransformers) {
+  for (const char* variant : {"dense", "moe"}) {
+    const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/" + variant;
+    const NamedModel named = find_model(dir);
+    ASSERT_NE(named.family, nullptr);
+    EXPECT_EQ(named.family->name, std::string(variant) == "dense" ? "qwen3_5" : "qwen3_5_moe");
+    const auto loaded = load_model(named, dir);
+    const auto& model = dynamic_cast<const qwen3_5::ForConditionalGeneration&>(*loaded);
+    const checkpoint::SafetensorsReader f(dir + "/expected.safetensors");
+    for (const std::string sample : {"image", "video"}) {
+      VisionLanguageInputs in;
+      in.input_ids = f.load(sample + ".input_ids");
+      in.pixel_values = f.load(sample + ".pixel_values");
+      in.image_grid_thw = f.load(sample + ".image_grid_thw");
+      if (f.contains(sample + ".pixel_values_videos")) {
+        in.pixel_values_videos = f.load(sample + ".pixel_values_videos");
+        in.video_grid_thw = f.load(sample + ".video_grid_thw");
+      }
+      EXPECT_TRUE(model.position_ids(in).equal(f.load(sample + ".position_ids"))) << variant << " " << sample;
+      at::NoGradGuard no_grad;
+      const at::Tensor logits = model.forward(in);
+      EXPECT_LT((logits - f.load(sample + ".logits")).abs().max().item<double>(), 1e-4)
+          << variant << " " << sample;
+    }
+  }
+}
+
+// With output_router_logits (as transformers adds it to the loss), the MoE model's last layer leaves
+// router_aux_loss_coef times transformers' load-balancing loss over every layer's routing.
+TEST(Qwen35Model, RouterLossMatchesTransformers) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/moe";
+  NamedModel named = find_model(dir);
+  named.hf["text_config"]["output_router_logits"] = true;
+  const auto loaded = load_model(named, dir);
+  const auto& model = dynamic_cast<const qwen3_5::ForConditionalGeneration&>(*loaded);
+  const checkpoint::SafetensorsReader f(dir + "/expected.safetensors");
+  VisionLanguageInputs in;
+  in.input_ids = f.load("video.input_ids");
+  in.pixel_values = f.load("video.pixel_values");
+  in.image_grid_thw = f.load("video.image_grid_thw");
+  in.pixel_values_videos = f.load("video.pixel_values_videos");
+  in.video_grid_thw = f.load("video.video_grid_thw");
+  at::NoGradGuard no_grad;
+  const core::Carry carry = core::run_layers(model.layers(), {}, *model.context(in));
+  const double coefficient = model.config.text.router_aux_loss_coef;
+  EXPECT_NEAR(carry.get("aux_loss").item<double>() / coefficient, f.load("video.aux_loss").item<double>(),
+              1e-5);
+  // Without it, no auxiliary loss, as transformers.
+  const auto plain = load_model(find_model(dir), dir);
+  EXPECT_FALSE(core::run_layers(plain->layers(), {},
+                                *dynamic_cast<const qwen3_5::ForConditionalGeneration&>(*plain).context(in))
+                   .has("aux_loss"));
+}
+
+// The image processor with the directory's settings gives transformers' pixel values and grid.
+TEST(Qwen35Model, ProcessorMatchesTransformers) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/dense";
+  const NamedModel named = find_model(dir);
+  const auto processor = make_processor(named.family->name, named.hf, named.source, dir);
+  const data::VisionInput image = processor->process(data::decode_image_file(dir + "/image.png"));
+  const checkpoint::SafetensorsReader f(dir + "/expected.safetensors");
+  EXPECT_TRUE(image.grid_thw == (std::array<int64_t, 3>{1, 4, 6}));
+  EXPECT_LT((image.pixel_values - f.load("image.pixel_values")).abs().max().item<double>(), 1e-5);
+  EXPECT_EQ(processor->default_system(), "");
+  EXPECT_FALSE(processor->takes_videos());
 }
 
 TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {

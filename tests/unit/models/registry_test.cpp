@@ -16,10 +16,10 @@ namespace {
 using testing::message_of;
 
 TEST(FamilyRegistry, EveryFamilyOnceWithItsKind) {
-  EXPECT_EQ(family_names(),
-            (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "umt5", "wan", "wan_vae", "internvl"}));
+  EXPECT_EQ(family_names(), (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "umt5", "wan", "wan_vae",
+                                                      "internvl", "qwen3_5", "qwen3_5_moe"}));
   EXPECT_EQ(family_names(ModelKind::vision_language),
-            (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "internvl"}));
+            (std::vector<std::string>{"qwen2_vl", "qwen2_5_vl", "internvl", "qwen3_5", "qwen3_5_moe"}));
   EXPECT_EQ(family_names(ModelKind::denoiser), (std::vector<std::string>{"wan"}));
   EXPECT_EQ(family_names(ModelKind::latent_codec), (std::vector<std::string>{"wan_vae"}));
   EXPECT_EQ(family_names(ModelKind::text_encoder), (std::vector<std::string>{"umt5"}));
@@ -32,8 +32,10 @@ TEST(FamilyRegistry, EveryFamilyOnceWithItsKind) {
 }
 
 TEST(FamilyRegistry, AnUnknownFamilyIsNamedWithTheValidOnes) {
-  EXPECT_EQ(message_of<ConfigError>([] { family_named("llama"); }),
-            "model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, umt5, wan, wan_vae, internvl");
+  EXPECT_EQ(
+      message_of<ConfigError>([] { family_named("llama"); }),
+      "model.family: 'llama' is not one of qwen2_vl, qwen2_5_vl, umt5, wan, wan_vae, internvl, qwen3_5, "
+      "qwen3_5_moe");
   EXPECT_EQ(&family_named("wan"), &families()[3]);
 }
 
@@ -46,6 +48,10 @@ TEST(FamilyRegistry, ModelsAreToldToTheirFamily) {
   EXPECT_EQ(find_model("internvl3.5-1b").family->name, "internvl");
   EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/internvl-tiny/qwen3").family->name,
             "internvl");
+  EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/dense").family->name,
+            "qwen3_5");
+  EXPECT_EQ(find_model(std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/moe").family->name,
+            "qwen3_5_moe");
 }
 
 }  // namespace

@@ -28,6 +28,9 @@ struct TextConfig {
   int64_t num_experts = 0, num_experts_per_tok = 0, moe_intermediate_size = 0,
           shared_expert_intermediate_size = 0;
   double router_aux_loss_coef = 0.001;
+  // As transformers: the load-balancing loss joins the training loss (times router_aux_loss_coef)
+  // only when the config asks for the router logits.
+  bool output_router_logits = false;
   bool moe() const { return num_experts > 0; }
 };
 

@@ -130,34 +130,51 @@ VisionModel::VisionModel(const VisionConfig& c, const parallel::ParamOptions& op
       "linear_fc2", std::make_shared<parallel::RowParallelLinear>(merged, c.out_hidden_size, true, options));
 }
 
-at::Tensor VisionModel::forward(const at::Tensor& pixel_values, const at::Tensor& grid_thw) const {
+VisionGeometry VisionModel::geometry(const at::Tensor& grid_thw, const at::Device& device) const {
   const VisionConfig& c = config;
   const int64_t side =
       static_cast<int64_t>(std::lround(std::sqrt(static_cast<double>(c.num_position_embeddings))));
-  // The Conv3d with kernel = stride is a product with its flattened weight.
-  at::Tensor x = at::addmm(patch_bias, pixel_values.to(patch_weight.scalar_type()),
-                           patch_weight.reshape({c.hidden_size, -1}).t());
-  auto [indices, weights] = position_interpolation(grid_thw, side, c.spatial_merge_size);
-  indices = indices.to(x.device());
-  weights = weights.to(x.device());
-  const at::Tensor positions =
-      (position_table.index_select(0, indices.flatten()).view({indices.size(0), 4, c.hidden_size}) *
-       weights.unsqueeze(-1))
-          .sum(1);
-  x = x + positions.to(x.scalar_type());
-  const at::Tensor angles = nn::vision_rope_angles(
-      nn::vision_patch_positions(grid_thw, c.spatial_merge_size).to(x.device()), c.head_dim(), c.rope_theta);
-  const at::Tensor cos = angles.cos(), sin = angles.sin();
+  VisionGeometry g;
+  std::tie(g.indices, g.weights) = position_interpolation(grid_thw, side, c.spatial_merge_size);
+  g.indices = g.indices.to(device);
+  g.weights = g.weights.to(device);
+  const at::Tensor angles =
+      nn::vision_rope_angles(nn::vision_patch_positions(grid_thw.cpu(), c.spatial_merge_size).to(device),
+                             c.head_dim(), c.rope_theta);
+  g.cos = angles.cos();
+  g.sin = angles.sin();
   // Attention within each frame: every temporal patch of an item is a segment of h * w rows.
-  std::vector<int64_t> cu{0};
+  g.cu_seqlens = {0};
   const at::Tensor grid = grid_thw.to(at::kLong).cpu();
   for (int64_t i = 0; i < grid.size(0); ++i)
     for (int64_t t = 0; t < grid[i][0].item<int64_t>(); ++t)
-      cu.push_back(cu.back() + grid[i][1].item<int64_t>() * grid[i][2].item<int64_t>());
-  for (const auto& block : blocks) x = block->forward(x, cu, cos, sin);
-  const int64_t merged = c.hidden_size * c.spatial_merge_size * c.spatial_merge_size;
+      g.cu_seqlens.push_back(g.cu_seqlens.back() + grid[i][1].item<int64_t>() * grid[i][2].item<int64_t>());
+  return g;
+}
+
+at::Tensor VisionModel::embed(const at::Tensor& pixel_values, const VisionGeometry& g) const {
+  const VisionConfig& c = config;
+  // The Conv3d with kernel = stride is a product with its flattened weight.
+  const at::Tensor x = at::addmm(patch_bias, pixel_values.to(patch_weight.scalar_type()),
+                                 patch_weight.reshape({c.hidden_size, -1}).t());
+  const at::Tensor positions =
+      (position_table.index_select(0, g.indices.flatten()).view({g.indices.size(0), 4, c.hidden_size}) *
+       g.weights.unsqueeze(-1))
+          .sum(1);
+  return x + positions.to(x.scalar_type());
+}
+
+at::Tensor VisionModel::merge(const at::Tensor& x) const {
+  const int64_t merged = config.hidden_size * config.spatial_merge_size * config.spatial_merge_size;
   const at::Tensor rows = merger_norm->forward(x).view({-1, merged});
   return merger_fc2->forward(at::gelu(merger_fc1->forward(rows)), 0);
+}
+
+at::Tensor VisionModel::forward(const at::Tensor& pixel_values, const at::Tensor& grid_thw) const {
+  const VisionGeometry g = geometry(grid_thw, pixel_values.device());
+  at::Tensor x = embed(pixel_values, g);
+  for (const auto& block : blocks) x = block->forward(x, g.cu_seqlens, g.cos, g.sin);
+  return merge(x);
 }
 
 }  // namespace loom::models::qwen3_5

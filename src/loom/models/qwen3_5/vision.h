@@ -44,12 +44,24 @@ class VisionBlock : public torch::nn::Module {
   int64_t num_heads;
 };
 
+// What the tower's layers read of a batch's grids: each frame's rows as an attention segment, the
+// rows' 2-D rotary tables and their position-table interpolation.
+struct VisionGeometry {
+  std::vector<int64_t> cu_seqlens;
+  at::Tensor cos, sin;          // (N, head_dim) fp32
+  at::Tensor indices, weights;  // (N, 4): position_interpolation's
+};
+
 class VisionModel : public torch::nn::Module {
  public:
   // Tensor parallelism is not supported yet: a group of more than one rank is a ConfigError.
   VisionModel(const VisionConfig& config, const parallel::ParamOptions& options);
   // pixel_values (patches, C * T * P * P), grid_thw (items, 3) -> (patches / merge^2, out_hidden_size).
   at::Tensor forward(const at::Tensor& pixel_values, const at::Tensor& grid_thw) const;
+  // The pieces of forward, as the model's layers run them.
+  VisionGeometry geometry(const at::Tensor& grid_thw, const at::Device& device) const;
+  at::Tensor embed(const at::Tensor& pixel_values, const VisionGeometry& geometry) const;  // -> (N, width)
+  at::Tensor merge(const at::Tensor& x) const;  // (N, width) -> (N / merge^2, out_hidden_size)
 
   VisionConfig config;
   std::shared_ptr<torch::nn::Module> patch_embed;  // patch_embed.proj.{weight, bias}

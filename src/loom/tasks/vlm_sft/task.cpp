@@ -232,6 +232,14 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
     out.loss_sum = token_loss_sum(*model_, carry.get("hidden"), batch.labels);
   else
     out.output = std::move(carry);
+  if (stage.last && carry.has("aux_loss")) {
+    // A model's own loss beside the tokens' (a router's load balancing, already times its
+    // coefficient), once per micro-batch: weighted by its target tokens, so the step's mean over
+    // target tokens is the token loss's mean plus it, as transformers adds it to a batch's loss.
+    const int64_t targets =
+        batch.labels.narrow(1, 1, batch.labels.size(1) - 1).ne(data::kIgnoreIndex).sum().item<int64_t>();
+    out.loss_sum = out.loss_sum + carry.get("aux_loss") * static_cast<double>(targets);
+  }
   out.tokens = batch.attention_mask.sum().item<int64_t>();
   const std::vector<int64_t> lengths = batch.sequence_lengths();
   out.samples = static_cast<int64_t>(lengths.size());

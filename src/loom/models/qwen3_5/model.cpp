@@ -1,0 +1,452 @@
+#include "loom/models/qwen3_5/model.h"
+
+#include <fmt/format.h>
+
+#include "loom/checkpoint/hf_export.h"
+#include "loom/nn/fused.h"
+#include "loom/util/errors.h"
+
+namespace loom::models::qwen3_5 {
+namespace {
+
+const Context& qwen35(const core::Context& context) { return static_cast<const Context&>(context); }
+
+class VisionLayer : public core::Layer {
+ public:
+  using core::Layer::Layer;
+  std::string tower() const override { return "visual"; }
+  bool active(const core::Carry&, const core::Context& context) const override {
+    return qwen35(context).has_vision();
+  }
+};
+
+// patch_embed and pos_embed under model.visual: a module of its own that holds the two (not
+// registered anywhere, so the parameters keep their one name).
+class EmbedModule : public torch::nn::Module {
+ public:
+  explicit EmbedModule(const VisionModel& tower) {
+    register_module("patch_embed", tower.patch_embed);
+    register_module("pos_embed", tower.pos_embed);
+  }
+};
+
+class PatchEmbedLayer : public VisionLayer {
+ public:
+  explicit PatchEmbedLayer(std::shared_ptr<VisionModel> tower)
+      : VisionLayer("model.visual", std::make_shared<EmbedModule>(*tower)), tower_(std::move(tower)) {}
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const Context& c = qwen35(context);
+    VisionGeometry g;
+    g.indices = c.position_indices;
+    g.weights = c.position_weights;
+    carry.set("vision_hidden", tower_->embed(c.pixel_values, g));
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<VisionModel> tower_;
+};
+
+class VisionBlockLayer : public VisionLayer {
+ public:
+  VisionBlockLayer(size_t index, std::shared_ptr<VisionBlock> block)
+      : VisionLayer(fmt::format("model.visual.blocks.{}", index), block), block_(std::move(block)) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const Context& c = qwen35(context);
+    carry.set("vision_hidden",
+              block_->forward(carry.get("vision_hidden"), c.vision_cu, c.vision_cos, c.vision_sin));
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<VisionBlock> block_;
+};
+
+class MergerLayer : public VisionLayer {
+ public:
+  explicit MergerLayer(std::shared_ptr<VisionModel> tower)
+      : VisionLayer("model.visual.merger", tower->merger), tower_(std::move(tower)) {}
+  core::Carry forward(core::Carry carry, const core::Context&) const override {
+    carry.set("image_embeds", tower_->merge(carry.take("vision_hidden")));
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<VisionModel> tower_;
+};
+
+class TextLayer : public core::Layer {
+ public:
+  using core::Layer::Layer;
+  std::string tower() const override { return "llm"; }
+  bool active(const core::Carry&, const core::Context& context) const override {
+    return qwen35(context).has_text();
+  }
+};
+
+class EmbedTokensLayer : public TextLayer {
+ public:
+  EmbedTokensLayer(std::shared_ptr<parallel::VocabParallelEmbedding> embed, bool tied)
+      : TextLayer("model.language_model.embed_tokens", embed), embed_(std::move(embed)), tied_(tied) {}
+  bool parameters_read_outside() const override { return tied_; }
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const Context& c = qwen35(context);
+    at::Tensor embeds = embed_->forward(c.input_ids);  // (1, T, hidden)
+    if (carry.has("image_embeds")) {
+      const at::Tensor vision = carry.take("image_embeds").to(embeds.scalar_type());
+      if (c.image_tokens + c.video_tokens != vision.size(0))
+        throw ModelError(
+            fmt::format("the input ids hold {} image and {} video tokens but the vision tower gives {} "
+                        "embeddings",
+                        c.image_tokens, c.video_tokens, vision.size(0)));
+      if (c.image_tokens > 0)
+        embeds = embeds.masked_scatter(c.image_mask, vision.narrow(0, 0, c.image_tokens));
+      if (c.video_tokens > 0)
+        embeds = embeds.masked_scatter(c.video_mask, vision.narrow(0, c.image_tokens, c.video_tokens));
+    } else if (c.image_tokens + c.video_tokens > 0) {
+      throw ModelError(
+          fmt::format("the input ids hold {} image and {} video tokens but no images or videos are given",
+                      c.image_tokens, c.video_tokens));
+    }
+    carry.set("hidden", embeds);
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<parallel::VocabParallelEmbedding> embed_;
+  bool tied_;
+};
+
+// Adds one layer's routing to the carry's counts: the top-k picks per expert and the routing
+// probabilities summed over the real tokens, and their number (transformers' load_balancing_loss_func
+// with an attention mask, pooled over the layers).
+void add_routing(core::Carry& carry, const at::Tensor& logits, const at::Tensor& real, int64_t top_k) {
+  const int64_t experts = logits.size(-1);
+  const at::Tensor probabilities = at::softmax(logits, -1);  // in the logits' dtype, as transformers
+  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
+  const at::Tensor mask = real.to(at::kFloat).unsqueeze(-1);  // (T, 1)
+  const at::Tensor picks = (at::one_hot(chosen, experts).sum(1).to(at::kFloat) * mask).sum(0);
+  const at::Tensor probability = (probabilities.to(at::kFloat) * mask).sum(0);
+  const at::Tensor rows = mask.sum();
+  for (const auto& [name, value] : {std::pair<const char*, at::Tensor>{"router_picks", picks},
+                                    {"router_probabilities", probability},
+                                    {"router_rows", rows}})
+    carry.set(name, carry.has(name) ? carry.get(name) + value : value);
+}
+
+class DecoderLayerLayer : public TextLayer {
+ public:
+  DecoderLayerLayer(size_t index, std::shared_ptr<DecoderLayer> layer, const TextConfig& config)
+      : TextLayer(fmt::format("model.language_model.layers.{}", index), layer),
+        layer_(std::move(layer)),
+        routing_(config.moe() && config.output_router_logits),
+        top_k_(config.num_experts_per_tok) {}
+  bool block() const override { return true; }
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const Context& c = qwen35(context);
+    at::Tensor router_logits;
+    carry.set("hidden", layer_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, nn::fused_kernels(),
+                                        routing_ ? &router_logits : nullptr));
+    if (routing_) add_routing(carry, router_logits, c.real_tokens, top_k_);
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<DecoderLayer> layer_;
+  bool routing_;
+  int64_t top_k_;
+};
+
+class NormLayer : public TextLayer {
+ public:
+  NormLayer(std::shared_ptr<ZeroCentredRMSNorm> norm, const TextConfig& config)
+      : TextLayer("model.language_model.norm", norm),
+        norm_(std::move(norm)),
+        experts_(config.num_experts),
+        coefficient_(config.router_aux_loss_coef) {}
+  core::Carry forward(core::Carry carry, const core::Context& context) const override {
+    const Context& c = qwen35(context);
+    const at::Tensor h = norm_->forward(carry.take("hidden"));
+    carry.set("hidden", h.view({c.rows, -1, h.size(-1)}));  // the batch's rows again
+    if (carry.has("router_picks")) {
+      const at::Tensor rows = carry.take("router_rows").clamp_min(1);
+      const at::Tensor share = carry.take("router_picks") / rows,
+                       probability = carry.take("router_probabilities") / rows;
+      carry.set("aux_loss", coefficient_ * experts_ * (share * probability).sum());
+    }
+    return carry;
+  }
+
+ private:
+  std::shared_ptr<ZeroCentredRMSNorm> norm_;
+  int64_t experts_;
+  double coefficient_;
+};
+
+// The real tokens of each row (attention_mask 1), or of each packed sample: [begin, end) per unit,
+// checking that padding only ends a row (the layers run each row as one sample from its start).
+struct Unit {
+  int64_t row, begin, end;
+};
+std::vector<Unit> units_of(const VisionLanguageInputs& in) {
+  const int64_t rows = in.input_ids.size(0), length = in.input_ids.size(1);
+  std::vector<Unit> units;
+  if (!in.cu_seqlens.empty()) {
+    if (rows != 1 || in.cu_seqlens.front() != 0 || in.cu_seqlens.back() != length)
+      throw ModelError(
+          fmt::format("packed samples need one row and cu_seqlens from 0 to its {} tokens", length));
+    for (size_t s = 0; s + 1 < in.cu_seqlens.size(); ++s)
+      units.push_back({0, in.cu_seqlens[s], in.cu_seqlens[s + 1]});
+    return units;
+  }
+  const at::Tensor mask = in.attention_mask.defined() ? in.attention_mask.to(at::kLong).cpu()
+                                                      : at::ones({rows, length}, at::kLong);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t real = mask[r].sum().item<int64_t>();
+    if (real > 0 && mask[r].narrow(0, 0, real).min().item<int64_t>() == 0)
+      throw ModelError(
+          "Qwen3.5 takes rows padded at their end only (left padding is for generation, which this "
+          "version of Loom does not run for Qwen3.5)");
+    units.push_back({r, 0, real});
+  }
+  return units;
+}
+
+}  // namespace
+
+at::Tensor rope_position_ids(const VisionLanguageInputs& in, const Config& config) {
+  const int64_t rows = in.input_ids.size(0), length = in.input_ids.size(1);
+  const int64_t merge = config.vision.spatial_merge_size;
+  const at::Tensor ids = in.input_ids.to(at::kLong).cpu().contiguous();
+  at::Tensor positions = at::zeros({3, rows, length}, at::kLong);
+  // The grids runs of image and video tokens take, in order: a video's temporal patches one by one.
+  std::vector<std::pair<int64_t, int64_t>> images, videos;  // merged (rows, columns)
+  const auto add = [&](const at::Tensor& grid, std::vector<std::pair<int64_t, int64_t>>& out) {
+    if (!grid.defined()) return;
+    const at::Tensor g = grid.to(at::kLong).cpu();
+    for (int64_t i = 0; i < g.size(0); ++i)
+      for (int64_t t = 0; t < g[i][0].item<int64_t>(); ++t)
+        out.emplace_back(g[i][1].item<int64_t>() / merge, g[i][2].item<int64_t>() / merge);
+  };
+  add(in.image_grid_thw, images);
+  add(in.video_grid_thw, videos);
+  size_t next_image = 0, next_video = 0;
+  auto p = positions.accessor<int64_t, 3>();
+  const auto id = ids.accessor<int64_t, 2>();
+  for (const Unit& u : units_of(in)) {
+    int64_t position = 0;
+    for (int64_t t = u.begin; t < u.end;) {
+      const int64_t token = id[u.row][t];
+      const bool image = token == config.image_token_id, video = token == config.video_token_id;
+      if (!image && !video) {
+        for (int a = 0; a < 3; ++a) p[a][u.row][t] = position;
+        ++position, ++t;
+        continue;
+      }
+      auto& grids = image ? images : videos;
+      size_t& next = image ? next_image : next_video;
+      if (next >= grids.size())
+        throw ModelError(fmt::format("the input ids hold more {} blocks than the {} grids given",
+                                     image ? "image" : "video", grids.size()));
+      const auto [h, w] = grids[next++];
+      if (t + h * w > u.end)
+        throw ModelError(
+            fmt::format("an {} block of {} tokens runs past its sample", image ? "image" : "video", h * w));
+      for (int64_t r = 0; r < h; ++r)
+        for (int64_t c = 0; c < w; ++c, ++t) {
+          p[0][u.row][t] = position;
+          p[1][u.row][t] = position + r;
+          p[2][u.row][t] = position + c;
+        }
+      position += std::max(h, w);
+    }
+  }
+  return positions;
+}
+
+ForConditionalGeneration::ForConditionalGeneration(const Config& c, const parallel::ParamOptions& options)
+    : config(c), tp_(options.tp) {
+  model = register_module("model", std::make_shared<torch::nn::Module>());
+  visual = model->register_module("visual", std::make_shared<VisionModel>(c.vision, options));
+  language_model = model->register_module("language_model", std::make_shared<TextModel>(c.text, options));
+  if (!c.tie_word_embeddings)
+    lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
+                                             c.text.hidden_size, c.text.vocab_size, false, options));
+  layers_.push_back(std::make_shared<PatchEmbedLayer>(visual));
+  for (size_t b = 0; b < visual->blocks.size(); ++b)
+    layers_.push_back(std::make_shared<VisionBlockLayer>(b, visual->blocks[b]));
+  layers_.push_back(std::make_shared<MergerLayer>(visual));
+  layers_.push_back(std::make_shared<EmbedTokensLayer>(language_model->embed_tokens, c.tie_word_embeddings));
+  for (size_t l = 0; l < language_model->layers.size(); ++l)
+    layers_.push_back(std::make_shared<DecoderLayerLayer>(l, language_model->layers[l], c.text));
+  layers_.push_back(std::make_shared<NormLayer>(language_model->norm, c.text));
+}
+
+void ForConditionalGeneration::to(torch::Device device, bool non_blocking) {
+  torch::nn::Module::to(device, non_blocking);
+  device_ = device;
+}
+
+std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLanguageInputs& in) const {
+  auto c = std::make_shared<Context>();
+  std::vector<at::Tensor> pixels, grids;
+  if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
+    pixels.push_back(in.pixel_values);
+    grids.push_back(in.image_grid_thw.to(at::kLong).cpu());
+  }
+  if (in.pixel_values_videos.defined() && in.pixel_values_videos.size(0) > 0) {
+    pixels.push_back(in.pixel_values_videos);
+    grids.push_back(in.video_grid_thw.to(at::kLong).cpu());
+  }
+  if (!pixels.empty()) {
+    c->grid_thw = at::cat(grids);
+    c->pixel_values = at::cat(pixels).to(device_, /*non_blocking=*/true);
+    const VisionGeometry g = visual->geometry(c->grid_thw, device_);
+    c->vision_cu = g.cu_seqlens;
+    c->vision_cos = g.cos;
+    c->vision_sin = g.sin;
+    c->position_indices = g.indices;
+    c->position_weights = g.weights;
+  }
+  if (in.input_ids.defined()) {
+    const int64_t rows = in.input_ids.size(0), length = in.input_ids.size(1);
+    c->rows = rows;
+    const at::Tensor positions = position_ids(in);  // (3, B, L)
+    std::tie(c->cos, c->sin) = rotary_tables(positions.reshape({3, rows * length}), config.text.rotary,
+                                             lm_head_weight().scalar_type());
+    // The rows end to end, each one sample, or the given packed samples.
+    if (in.cu_seqlens.empty()) {
+      units_of(in);  // padding only at the rows' ends
+      for (int64_t r = 0; r <= rows; ++r) c->cu_seqlens.push_back(r * length);
+    } else {
+      c->cu_seqlens = in.cu_seqlens;
+    }
+    c->real_tokens = (in.attention_mask.defined() && in.cu_seqlens.empty()
+                          ? in.attention_mask.reshape({rows * length}).ne(0)
+                          : at::ones({rows * length}, at::kBool))
+                         .to(device_);
+    c->input_ids = in.input_ids.reshape({1, rows * length}).to(device_, /*non_blocking=*/true);
+    const at::Tensor flat = in.input_ids.reshape({1, rows * length});
+    const at::Tensor image = flat.eq(config.image_token_id), video = flat.eq(config.video_token_id);
+    c->image_tokens = image.sum().item<int64_t>();
+    c->video_tokens = video.sum().item<int64_t>();
+    c->image_mask = image.unsqueeze(-1).to(device_);
+    c->video_mask = video.unsqueeze(-1).to(device_);
+    c->cos = c->cos.to(device_);
+    c->sin = c->sin.to(device_);
+  }
+  return c;
+}
+
+std::shared_ptr<const VisionLanguageContext> ForConditionalGeneration::sharded_context(
+    const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const {
+  if (cp.enabled())
+    throw ConfigError("parallel.cp: Qwen3.5 does not run under context parallelism in this version of Loom");
+  return context(inputs);
+}
+
+at::Tensor ForConditionalGeneration::position_ids(const VisionLanguageInputs& inputs) const {
+  if (inputs.position_ids.defined()) return inputs.position_ids;
+  return rope_position_ids(inputs, config);
+}
+
+at::Tensor ForConditionalGeneration::image_embeddings(const at::Tensor& pixel_values,
+                                                      const at::Tensor& image_grid_thw) const {
+  if (!pixel_values.defined() || pixel_values.size(0) == 0)
+    return at::empty({0, config.text.hidden_size}, language_model->embed_tokens->weight.options());
+  VisionLanguageInputs vision;
+  vision.pixel_values = pixel_values;
+  vision.image_grid_thw = image_grid_thw;
+  return core::run_layers(layers_, {}, *context(vision)).get("image_embeds");
+}
+
+at::Tensor ForConditionalGeneration::hidden_states(const VisionLanguageInputs& inputs) const {
+  return core::run_layers(layers_, {}, *context(inputs)).get("hidden");
+}
+
+const at::Tensor& ForConditionalGeneration::lm_head_weight() const {
+  return lm_head ? lm_head->weight : language_model->embed_tokens->weight;
+}
+
+at::Tensor ForConditionalGeneration::logits(const at::Tensor& hidden) const {
+  return at::matmul(hidden, lm_head_weight().t());
+}
+
+std::unique_ptr<VisionLanguageDecoder> ForConditionalGeneration::decoder() const {
+  throw ModelError(
+      "generation with Qwen3.5 (loom chat, loom generate) needs the linear-attention layers' "
+      "recurrent and convolution states cached, which this version of Loom does not keep yet");
+}
+
+double ForConditionalGeneration::training_flops(const std::vector<int64_t>& sequence_lengths,
+                                                const at::Tensor& image_grid_thw) const {
+  // 2 FLOPs per multiply-add in the forward, 3x for forward + backward.
+  const TextConfig& t = config.text;
+  const double h = static_cast<double>(t.hidden_size);
+  const AttentionConfig& a = t.attention;
+  const GatedDeltaNetConfig& l = t.linear;
+  const double q = static_cast<double>(a.num_heads * a.head_dim),
+               kv = static_cast<double>(a.num_kv_heads * a.head_dim);
+  const double full = 2.0 * h * (2 * q + 2 * kv) + 2.0 * q * h;
+  // Projections, and the delta rule's state reads and writes per token and value head.
+  const double linear = 2.0 * h * (l.conv_dim() + l.value_dim() + 2.0 * l.num_value_heads) +
+                        2.0 * l.value_dim() * h +
+                        2.0 * 3 * l.num_value_heads * l.key_head_dim * l.value_head_dim;
+  const double mlp =
+      t.moe()
+          ? 2.0 * 3 * h *
+                    (t.moe_intermediate_size * t.num_experts_per_tok + t.shared_expert_intermediate_size) +
+                2.0 * h * (t.num_experts + 1)
+          : 2.0 * 3 * h * t.intermediate_size;
+  int64_t full_layers = 0;
+  for (const auto& type : t.layer_types) full_layers += type == "full_attention";
+  const double linear_layers = static_cast<double>(t.layer_types.size() - full_layers);
+  const double per_token =
+      full_layers * full + linear_layers * linear + t.layer_types.size() * mlp + 2.0 * h * t.vocab_size;
+  double flops = 0;
+  for (auto length : sequence_lengths)
+    flops += length * per_token + full_layers * 2.0 * 2.0 * static_cast<double>(length) * length * q;
+  if (image_grid_thw.defined() && image_grid_thw.numel() > 0) {
+    const VisionConfig& v = config.vision;
+    const double width = static_cast<double>(v.hidden_size);
+    const double patch =
+        static_cast<double>(v.in_channels * v.temporal_patch_size * v.patch_size * v.patch_size);
+    const double merged = width * v.spatial_merge_size * v.spatial_merge_size;
+    const at::Tensor g = image_grid_thw.to(at::kLong).cpu();
+    for (int64_t i = 0; i < g.size(0); ++i) {
+      const double frames = g[i][0].item<double>(), frame = g[i][1].item<double>() * g[i][2].item<double>();
+      const double rows = frames * frame;
+      flops +=
+          rows * (2.0 * patch * width +
+                  v.depth * (2.0 * 4 * width * width + 2.0 * 2 * width * v.intermediate_size)) +
+          v.depth * frames * 2.0 * 2.0 * frame * frame * width +
+          rows / (v.spatial_merge_size * v.spatial_merge_size) * (2.0 * merged * merged + 2.0 * merged * h);
+    }
+  }
+  return 3.0 * flops;
+}
+
+std::vector<SpecialToken> ForConditionalGeneration::special_tokens() const {
+  return {{"image_token_id", config.image_token_id, "<|image_pad|>"},
+          {"video_token_id", config.video_token_id, "<|video_pad|>"},
+          {"vision_start_token_id", config.vision_start_token_id, "<|vision_start|>"},
+          {"vision_end_token_id", config.vision_end_token_id, "<|vision_end|>"}};
+}
+
+nlohmann::json ForConditionalGeneration::hf_config() const {
+  nlohmann::json hf = config.hf;
+  const std::string dtype = checkpoint::hf_torch_dtype(lm_head_weight().scalar_type());
+  hf["torch_dtype"] = dtype;
+  if (hf.contains("dtype")) hf["dtype"] = dtype;
+  return hf;
+}
+
+std::vector<std::string> ForConditionalGeneration::freeze_examples() const {
+  std::vector<std::string> out{"model.visual", "model.visual.merger", "model.language_model",
+                               "model.language_model.layers.0"};
+  if (lm_head) out.push_back("lm_head");
+  return out;
+}
+
+}  // namespace loom::models::qwen3_5

@@ -1,0 +1,133 @@
+# Qwen3.5 trains as transformers computes it, and under data parallelism as in one process:
+# - a tiny random dense Qwen3.5 made by transformers (the test ChatML tokenizer's vocabulary and vision
+#   tokens) trains from its weights (model.init_from) on image conversations; its first step's loss
+#   equals transformers' loss on the same exported batches (each row alone, padding masked) within 1e-5;
+# - 10 packed steps under dp=2, ZeRO-1 and FSDP give one process's losses within 1e-5 relative, and so
+#   does the MoE model with output_router_logits (its router loss in the loss) under dp=2;
+# - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
+#   makes its processor.
+source "$(dirname "$0")/lib.bash"
+FIX="$SRC/tests/fixtures/conversations"
+Q35="$SRC/tests/fixtures/qwen3_5"
+python3 - "$Q35" "$WORK" <<'PY' || fail "making the HF models"
+import json, sys
+import torch
+from safetensors.torch import save_file
+import transformers
+q35, work = sys.argv[1:]
+for variant, cls in (("dense", transformers.Qwen3_5ForConditionalGeneration),
+                     ("moe", transformers.Qwen3_5MoeForConditionalGeneration)):
+    config = json.load(open(f"{q35}/{variant}/config.json"))
+    config["text_config"]["vocab_size"] = 268
+    config["text_config"]["output_router_logits"] = variant == "moe"
+    config.update(image_token_id=265, video_token_id=266, vision_start_token_id=263, vision_end_token_id=264)
+    model = cls(transformers.AutoConfig.for_model(**config))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.normal_(0.0, 0.1)
+            if name.endswith("A_log"):
+                p.copy_(torch.log(torch.rand_like(p) * 4 + 0.5))
+            if name.endswith("linear_attn.norm.weight") or (name.startswith("model.visual") and "norm" in name):
+                p.add_(1.0)
+    out = f"{work}/init-{variant}"
+    model.config.save_pretrained(out)
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, f"{out}/model.safetensors")
+    open(f"{out}/preprocessor_config.json", "w").write(open(f"{q35}/{variant}/preprocessor_config.json").read())
+rows = [{"messages": [{"role": "user", "content": "<image>What colour" + "?" * (i % 3)},
+                      {"role": "assistant", "content": ["red", "blue", "a grey square"][i % 3]}],
+         "images": [f"{q35}/dense/image.png"]} for i in range(16)]
+with open(f"{work}/train.jsonl", "w") as f:
+    for row in rows:
+        f.write(json.dumps(row) + "\n")
+PY
+job() {  # variant, packing
+  cat <<YAML
+model: {family: qwen3_5$( [ "$1" = moe ] && echo _moe ), init_from: $WORK/init-$1}
+data:
+  dataset: messages
+  tokenizer: $FIX/chatml_bpe_tokenizer.json
+  datasets: [{path: $WORK/train.jsonl}]
+  packing: $2
+  min_pixels: 1024
+  max_pixels: 8192
+  num_workers: 1
+training: {steps: 10, global_batch_size: 4, micro_batch_size: 2, lr: 1.0e-3, warmup_steps: 2, precision: fp32,
+           threads: 1, eval_every: 0, save_every: 0}
+tools: {log_every: 1, progress_bar: false}
+YAML
+}
+job dense false > "$WORK/first.yaml"
+"$LOOM" train "$WORK/first.yaml" --set training.steps=1 --set training.output_dir="$WORK/first" > "$WORK/first.log" 2>&1 ||
+  { cat "$WORK/first.log"; fail "first step"; }
+"$LOOM" data export "$WORK/first.yaml" --out "$WORK/export" --steps 1 > "$WORK/export.log" 2>&1 ||
+  { cat "$WORK/export.log"; fail "exporting the first step"; }
+python3 - "$WORK" <<'PY' || fail "first step's loss differs from transformers'"
+import json, sys
+import torch
+import transformers
+from safetensors.torch import load_file
+work = sys.argv[1]
+model = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(f"{work}/init-dense").float().eval()
+batch = load_file(f"{work}/export/steps/step-000001.safetensors")
+total, count = 0.0, 0
+for m in sorted({k.split(".")[0] for k in batch}):
+    ids, labels, mask = batch[f"{m}.input_ids"], batch[f"{m}.labels"], batch[f"{m}.attention_mask"]
+    pixels, grids = batch[f"{m}.pixel_values"], batch[f"{m}.image_grid_thw"]
+    image = 0
+    for r in range(ids.shape[0]):  # each row alone, its padding cut
+        n = int(mask[r].sum())
+        row = ids[r:r + 1, :n]
+        images = int((row == 263).sum())  # one <|vision_start|> per image
+        rows = int(grids[image:image + images].prod(-1).sum())
+        start = int(grids[:image].prod(-1).sum())
+        types = (row == 265).long()
+        with torch.no_grad():
+            logits = model(input_ids=row, mm_token_type_ids=types, pixel_values=pixels[start:start + rows],
+                           image_grid_thw=grids[image:image + images]).logits[0]
+        image += images
+        target = labels[r, 1:n]
+        keep = target != -100
+        total += torch.nn.functional.cross_entropy(logits[:-1][keep].double(), target[keep], reduction="sum").item()
+        count += int(keep.sum())
+hf = total / count
+loom = next(json.loads(l)["loss"] for l in open(f"{work}/first/metrics.jsonl") if '"loss"' in l)
+print(f"qwen3.5 first step: loom {loom:.8f} transformers {hf:.8f} relative difference {abs(loom - hf) / hf:.2e}")
+assert abs(loom - hf) / hf < 1e-5
+PY
+for variant in dense moe; do
+  job $variant true > "$WORK/$variant.yaml"
+  "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
+    $( [ $variant = dense ] && echo "--set training.save_every=10" ) > "$WORK/$variant-one.log" 2>&1 ||
+    { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
+  layouts="dp2"
+  [ $variant = dense ] && layouts="dp2 zero1 fsdp"
+  for layout in $layouts; do
+    case $layout in dp2) extra=();; zero1) extra=(--set parallel.zero=1);; fsdp) extra=(--set parallel.zero=3);; esac
+    "$LOOM" run -n 2 -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
+      "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
+  done
+  python3 - "$WORK" "$SRC/tests/e2e" "$variant" $layouts <<'PY' || fail "$variant layouts differ from one process"
+import sys
+work, e2e, variant = sys.argv[1:4]
+sys.path.insert(0, e2e)
+from runs import steps
+one = steps(f"{work}/{variant}-one/metrics.jsonl")
+assert sorted(one) == list(range(1, 11)), sorted(one)
+for layout in sys.argv[4:]:
+    other = steps(f"{work}/{variant}-{layout}/metrics.jsonl")
+    assert sorted(other) == list(range(1, 11)), (layout, sorted(other))
+    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in other)
+    print(f"qwen3.5 {variant} {layout} vs one process: max relative loss difference {worst:.3e} over 10 steps")
+    assert worst <= 1e-5, (layout, worst)
+PY
+done
+python3 - "$WORK/dense-one/step-00000010" <<'PY' || fail "transformers does not load the checkpoint"
+import sys
+import transformers
+model, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(sys.argv[1], output_loading_info=True)
+assert not any(info.values()), info
+processor = transformers.AutoProcessor.from_pretrained(sys.argv[1])
+print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__}")
+PY
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1 and FSDP (and MoE dp=2) match one process"
