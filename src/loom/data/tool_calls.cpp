@@ -11,8 +11,8 @@ namespace {
 
 using json = nlohmann::ordered_json;
 
-// The system prompt's tool section (as Qwen2.5's chat template writes it); {} is the descriptions,
-// each on its own line.
+// The system prompt's tool section, word for word as the Hermes-format chat templates write it; {}
+// is the descriptions, each on its own line.
 constexpr const char* kToolsPrompt =
     "\n\n# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
     "You are provided with function signatures within <tools></tools> XML tags:\n<tools>{}"

@@ -1,6 +1,6 @@
-// Tool turns of a conversation written as text, in the Hermes format the Qwen2.5 and later
-// models (and LLaMA-Factory's qwen templates) use: tool descriptions appended to the system
-// message inside <tools></tools>, each call as <tool_call>{"name": ..., "arguments": ...}</tool_call>
+// Tool turns of a conversation written as text, in the Hermes format (the chat templates of the
+// tool-calling models Loom trains write it, and so do LLaMA-Factory's): tool descriptions appended to the
+// system message inside <tools></tools>, each call as <tool_call>{"name": ..., "arguments": ...}</tool_call>
 // in the assistant's reply, each result as <tool_response>...</tool_response> in a user turn.
 #pragma once
 #include <nlohmann/json_fwd.hpp>
