@@ -116,6 +116,33 @@ int64_t load_parameters(torch::nn::Module& module, const std::string& model_dir,
     auto layout = layouts.find(parameter);
     const std::vector<int64_t> whole =
         layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes());
+    if (!at.stacked.empty()) {
+      std::vector<at::Tensor> items;
+      for (const auto& parts : at.stacked) {
+        std::vector<at::Tensor> pieces;
+        for (const std::string& part : parts) {
+          if (!source.contains(part))
+            throw CheckpointError(fmt::format("{}: tensor '{}' is missing (part of the model's '{}')",
+                                              model_dir, part, parameter));
+          if (!checkpoint::loadable_as(source.dtype(part), param.scalar_type()))
+            throw CheckpointError(
+                fmt::format("{}: tensor '{}' is stored as {}, which cannot load into the model's "
+                            "{} parameter",
+                            source.file_of(part), part, c10::toString(source.dtype(part)),
+                            c10::toString(param.scalar_type())));
+          pieces.push_back(source.load(part));
+          unused.erase(part);
+        }
+        items.push_back(at::cat(pieces, 0));
+      }
+      const at::Tensor values = at::stack(items);
+      if (values.sizes().vec() != whole)
+        throw CheckpointError(fmt::format(
+            "{}: the tensors '{}' ... make [{}], the model's '{}' is [{}]", model_dir,
+            at.stacked.front().front(), fmt::join(values.sizes(), ", "), parameter, fmt::join(whole, ", ")));
+      param.copy_(layout == layouts.end() ? values : layout->second.slice(values));
+      continue;
+    }
     if (!source.contains(name))
       throw CheckpointError(fmt::format("{}: tensor '{}' is missing (the model has it with shape {})",
                                         model_dir, name, fmt::join(whole, "x")));

@@ -28,6 +28,10 @@ void load_parameters(torch::nn::Module& module, const std::string& model_dir);
 struct FileTensor {
   std::string name;
   int64_t begin = 0, end = 0;
+  // Instead of one tensor: the stack (along a new first dimension) of the concatenations (along their
+  // first dimension) of these lists of the file's tensors, for a layout that keeps apart what the
+  // parameter holds together (per-expert weights).
+  std::vector<std::vector<std::string>> stacked;
 };
 // load_parameters with each parameter read from where `locate` says (the same errors, naming the
 // file's tensors): every tensor of the files must be read, but for a tied model's copy of its head.

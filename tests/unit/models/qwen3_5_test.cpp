@@ -4,10 +4,12 @@
 // and the composite; and the convolution's sample boundaries.
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
+#include "../checkpoint/temp_dir.h"
 #include "loom/checkpoint/safetensors.h"
 #include "loom/data/image/decode.h"
 #include "loom/models/qwen3_5/attention.h"
@@ -241,6 +243,48 @@ TEST(Qwen35Model, LoadsAndMatchesTransformers) {
           << variant << " " << sample;
     }
   }
+}
+
+// The MoE checkpoint with its experts one by one (mlp.experts.<e>.{gate,up,down}_proj.weight, as
+// transformers' save_pretrained writes them) loads to the same model: the same logits.
+TEST(Qwen35Model, ExpertsSavedOneByOneLoadAlike) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/moe";
+  const checkpoint::testing::TempDir scratch;
+  const std::string split = scratch.path().string();
+  std::filesystem::copy_file(dir + "/config.json", split + "/config.json");
+  const checkpoint::SafetensorsReader fused(dir + "/model.safetensors");
+  std::vector<std::pair<std::string, at::Tensor>> tensors;
+  for (const std::string& name : fused.names()) {
+    const at::Tensor t = fused.load(name);
+    const auto at = name.find("mlp.experts.");
+    if (at == std::string::npos) {
+      tensors.emplace_back(name, t);
+      continue;
+    }
+    const std::string base = name.substr(0, at) + "mlp.experts.";
+    for (int64_t e = 0; e < t.size(0); ++e) {
+      const std::string expert = base + std::to_string(e) + ".";
+      if (name.find("gate_up_proj") != std::string::npos) {
+        const int64_t half = t.size(1) / 2;
+        tensors.emplace_back(expert + "gate_proj.weight", t[e].narrow(0, 0, half).contiguous());
+        tensors.emplace_back(expert + "up_proj.weight", t[e].narrow(0, half, half).contiguous());
+      } else {
+        tensors.emplace_back(expert + "down_proj.weight", t[e].contiguous());
+      }
+    }
+  }
+  checkpoint::save_safetensors(split + "/model.safetensors", tensors);
+  const auto a = load_model(find_model(dir), dir), b = load_model(find_model(split), split);
+  const checkpoint::SafetensorsReader f(dir + "/expected.safetensors");
+  VisionLanguageInputs in;
+  in.input_ids = f.load("image.input_ids");
+  in.pixel_values = f.load("image.pixel_values");
+  in.image_grid_thw = f.load("image.image_grid_thw");
+  at::NoGradGuard no_grad;
+  const auto& vlm = [](const core::Model& m) -> const VisionLanguageModel& {
+    return dynamic_cast<const VisionLanguageModel&>(m);
+  };
+  EXPECT_TRUE(vlm(*a).forward(in).equal(vlm(*b).forward(in)));
 }
 
 // With output_router_logits (as transformers adds it to the loss), the MoE model's last layer leaves

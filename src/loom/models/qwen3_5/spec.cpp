@@ -6,6 +6,7 @@
 #include <cmath>
 #include <random>
 
+#include "loom/checkpoint/safetensors.h"
 #include "loom/models/qwen3_5/config.h"
 #include "loom/models/qwen3_5/model.h"
 #include "loom/models/qwen3_5/processor.h"
@@ -86,10 +87,29 @@ Family qwen3_5_family(const char* name) {
   };
   family.init = init_qwen3_5;
   family.load = [](core::Model& model, const std::string& dir) {
+    // The experts fused (as hub checkpoints and Loom store them), or one by one (as transformers'
+    // save_pretrained writes them: mlp.experts.<e>.{gate,up,down}_proj.weight).
+    const checkpoint::WeightSource source(dir);
+    const int64_t experts = dynamic_cast<const ForConditionalGeneration&>(model).config.text.num_experts;
+    const auto locate = [&source, experts](const std::string& parameter) {
+      FileTensor at{parameter};
+      for (const char* fused : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}) {
+        if (!ends_with(parameter, fused) || source.contains(parameter)) continue;
+        const std::string base =
+            parameter.substr(0, parameter.size() - std::string(fused).size()) + "mlp.experts.";
+        const bool gate_up = ends_with(parameter, "gate_up_proj");
+        for (int64_t e = 0; e < experts; ++e) {
+          const std::string expert = base + std::to_string(e) + ".";
+          at.stacked.push_back(
+              gate_up ? std::vector<std::string>{expert + "gate_proj.weight", expert + "up_proj.weight"}
+                      : std::vector<std::string>{expert + "down_proj.weight"});
+        }
+      }
+      return at;
+    };
     // Multi-token-prediction weights (mtp.*): Loom does not train MTP, so they are left unread, and said so.
     const int64_t skipped = load_parameters(
-        model.module(), dir, [](const std::string& parameter) { return FileTensor{parameter}; },
-        [](const std::string& tensor) { return tensor.rfind("mtp.", 0) == 0; });
+        model.module(), dir, locate, [](const std::string& tensor) { return tensor.rfind("mtp.", 0) == 0; });
     if (skipped > 0)
       spdlog::info(
           "{}: left {} multi-token-prediction tensors (mtp.*) unread: Loom does not train MTP, and "
