@@ -262,27 +262,25 @@ nlohmann::ordered_json Qwen2VLImageProcessor::preprocessor_config() const {
 }
 
 nlohmann::ordered_json Qwen2VLImageProcessor::video_preprocessor_config() const {
+  // The image processor's settings, with a frame's bounds for the image's.
   const Qwen2VLImageOptions& o = options_;
   const int64_t min_pixels = o.video_min_pixels > 0 ? o.video_min_pixels : o.min_pixels;
   const int64_t max_pixels = o.video_max_pixels > 0 ? o.video_max_pixels : o.max_pixels;
-  return {{"video_processor_type", "Qwen2VLVideoProcessor"},
-          {"processor_class", "Qwen2VLProcessor"},
-          {"do_convert_rgb", true},
-          {"do_resize", true},
-          {"resample", 3},  // bicubic
-          {"do_rescale", true},
-          {"rescale_factor", 1.0 / 255.0},
-          {"do_normalize", true},
-          {"image_mean", o.mean},
-          {"image_std", o.std},
-          {"min_pixels", min_pixels},
-          {"max_pixels", max_pixels},
-          {"size", {{"shortest_edge", min_pixels}, {"longest_edge", max_pixels}}},
-          {"patch_size", o.patch_size},
-          {"temporal_patch_size", o.temporal_patch_size},
-          {"merge_size", o.merge_size},
-          {"do_sample_frames", false},
-          {"cap_pixels_per_frame", false}};
+  const nlohmann::ordered_json image = preprocessor_config();
+  nlohmann::ordered_json video;
+  for (const auto& [key, value] : image.items()) {
+    if (key == "image_processor_type")
+      video["video_processor_type"] = "Qwen2VLVideoProcessor";
+    else if (key == "min_pixels" || key == "max_pixels")
+      video[key] = key == "min_pixels" ? min_pixels : max_pixels;
+    else if (key == "size")
+      video[key] = {{"shortest_edge", min_pixels}, {"longest_edge", max_pixels}};
+    else
+      video[key] = value;
+  }
+  video["do_sample_frames"] = false;
+  video["cap_pixels_per_frame"] = false;
+  return video;
 }
 
 const std::string& Qwen2VLImageProcessor::default_system() const {

@@ -118,20 +118,13 @@ class EmbedTokensLayer : public TextLayer {
   bool tied_;
 };
 
-// Adds one layer's routing to the carry's counts: the top-k picks per expert and the routing
-// probabilities summed over the real tokens, and their number (transformers' load_balancing_loss_func
-// with an attention mask, pooled over the layers).
+// Adds one layer's routing over the real tokens to the carry's counts (routing_counts), which the
+// norm turns into the load-balancing loss.
 void add_routing(core::Carry& carry, const at::Tensor& logits, const at::Tensor& real, int64_t top_k) {
-  const int64_t experts = logits.size(-1);
-  const at::Tensor probabilities = at::softmax(logits, -1);  // in the logits' dtype, as transformers
-  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
-  const at::Tensor mask = real.to(at::kFloat).unsqueeze(-1);  // (T, 1)
-  const at::Tensor picks = (at::one_hot(chosen, experts).sum(1).to(at::kFloat) * mask).sum(0);
-  const at::Tensor probability = (probabilities.to(at::kFloat) * mask).sum(0);
-  const at::Tensor rows = mask.sum();
-  for (const auto& [name, value] : {std::pair<const char*, at::Tensor>{"router_picks", picks},
-                                    {"router_probabilities", probability},
-                                    {"router_rows", rows}})
+  const RoutingCounts counts = routing_counts(logits, top_k, real);
+  for (const auto& [name, value] : {std::pair<const char*, at::Tensor>{"router_picks", counts.picks},
+                                    {"router_probabilities", counts.probabilities},
+                                    {"router_rows", counts.rows}})
     carry.set(name, carry.has(name) ? carry.get(name) + value : value);
 }
 
@@ -163,24 +156,21 @@ class NormLayer : public TextLayer {
   NormLayer(std::shared_ptr<ZeroCentredRMSNorm> norm, const TextConfig& config)
       : TextLayer("model.language_model.norm", norm),
         norm_(std::move(norm)),
-        experts_(config.num_experts),
         coefficient_(config.router_aux_loss_coef) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
     const at::Tensor h = norm_->forward(carry.take("hidden"));
     carry.set("hidden", h.view({c.rows, -1, h.size(-1)}));  // the batch's rows again
     if (carry.has("router_picks")) {
-      const at::Tensor rows = carry.take("router_rows").clamp_min(1);
-      const at::Tensor share = carry.take("router_picks") / rows,
-                       probability = carry.take("router_probabilities") / rows;
-      carry.set("aux_loss", coefficient_ * experts_ * (share * probability).sum());
+      const RoutingCounts pooled{carry.take("router_picks"), carry.take("router_probabilities"),
+                                 carry.take("router_rows")};
+      carry.set("aux_loss", coefficient_ * load_balancing_loss(pooled));
     }
     return carry;
   }
 
  private:
   std::shared_ptr<ZeroCentredRMSNorm> norm_;
-  int64_t experts_;
   double coefficient_;
 };
 

@@ -67,16 +67,36 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logit
   return routed + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
 }
 
+RoutingCounts& RoutingCounts::operator+=(const RoutingCounts& other) {
+  picks = picks + other.picks;
+  probabilities = probabilities + other.probabilities;
+  rows = rows + other.rows;
+  return *this;
+}
+
+RoutingCounts routing_counts(const at::Tensor& logits, int64_t top_k, const at::Tensor& real) {
+  const int64_t experts = logits.size(-1);
+  const at::Tensor probabilities = at::softmax(logits, -1);
+  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
+  const at::Tensor mask =
+      (real.defined() ? real : at::ones({logits.size(0)}, logits.options().dtype(at::kBool)))
+          .to(at::kFloat)
+          .unsqueeze(-1);  // (T, 1)
+  return {(at::one_hot(chosen, experts).sum(1).to(at::kFloat) * mask).sum(0),
+          (probabilities.to(at::kFloat) * mask).sum(0), mask.sum()};
+}
+
+at::Tensor load_balancing_loss(const RoutingCounts& pooled) {
+  const at::Tensor rows = pooled.rows.clamp_min(1);
+  const int64_t experts = pooled.picks.size(0);
+  return experts * (pooled.picks / rows * (pooled.probabilities / rows)).sum();
+}
+
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k) {
   if (router_logits.empty()) throw ModelError("load_balancing_loss: no router logits");
-  const int64_t experts = router_logits.front().size(-1);
-  const at::Tensor logits = at::cat(router_logits, 0);  // (layers * T, E)
-  const at::Tensor probabilities = at::softmax(logits.to(at::kFloat), -1);
-  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
-  const at::Tensor picks = at::one_hot(chosen, experts).sum(1).to(at::kFloat);  // (rows, E)
-  const double rows = static_cast<double>(logits.size(0));
-  const at::Tensor share = picks.sum(0) / rows, probability = probabilities.sum(0) / rows;
-  return experts * (share * probability).sum();
+  RoutingCounts pooled = routing_counts(router_logits.front(), top_k);
+  for (size_t l = 1; l < router_logits.size(); ++l) pooled += routing_counts(router_logits[l], top_k);
+  return load_balancing_loss(pooled);
 }
 
 DecoderLayer::DecoderLayer(const TextConfig& c, size_t index, const parallel::ParamOptions& options) {

@@ -65,9 +65,19 @@ class SparseMoeBlock : public torch::nn::Module {
   std::shared_ptr<Mlp> shared_expert;
 };
 
-// transformers' load-balancing loss over every MoE layer's router logits (T, E): the share of
-// top-k picks each expert got and its mean routing probability, each pooled over all layers and
-// tokens, then E * sum_e share_e * probability_e.
+// One MoE layer's routing, over the tokens `real` (T) bool marks (undefined: all): the top-k picks
+// each expert got and the routing probabilities (softmax in the logits' dtype, as transformers)
+// summed over them, and their number. Counts of several layers add up.
+struct RoutingCounts {
+  at::Tensor picks, probabilities, rows;  // (E), (E), () fp32
+  RoutingCounts& operator+=(const RoutingCounts& other);
+};
+RoutingCounts routing_counts(const at::Tensor& router_logits, int64_t top_k, const at::Tensor& real = {});
+
+// transformers' load-balancing loss from counts pooled over every layer: the share of picks each
+// expert got and its mean routing probability, then E * sum_e share_e * probability_e.
+at::Tensor load_balancing_loss(const RoutingCounts& pooled);
+// The same over every MoE layer's router logits (T, E), every token counted.
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k);
 
 class DecoderLayer : public torch::nn::Module {
