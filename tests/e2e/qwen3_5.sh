@@ -2,9 +2,11 @@
 # - a tiny random dense Qwen3.5 made by transformers (the test ChatML tokenizer's vocabulary and vision
 #   tokens) trains from its weights (model.init_from) on image conversations; its first step's loss
 #   equals transformers' loss on the same exported batches (each row alone, padding masked) within 1e-5;
-# - 20 packed steps under dp=2, ZeRO-1 and FSDP give one process's losses within 1e-5 relative, and so
-#   does the MoE model with output_router_logits (its router loss in the loss) under dp=2, loaded from
-#   transformers' save_pretrained (the experts one by one);
+# - 20 packed steps under dp=2, ZeRO-1, FSDP and pp=2 (cut between a linear-attention and a
+#   full-attention layer) give one process's losses within 1e-5 relative, and so does the MoE model
+#   with output_router_logits (its router loss in the loss, the routing counts carried across the
+#   stages) under dp=2 and pp=2, loaded from transformers' save_pretrained (the experts one by one);
+# - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor.
 source "$(dirname "$0")/lib.bash"
@@ -104,10 +106,12 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     $( [ $variant = dense ] && echo "--set training.save_every=20" ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2"
-  [ $variant = dense ] && layouts="dp2 zero1 fsdp"
+  layouts="dp2 pp2"
+  [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2"
   for layout in $layouts; do
-    case $layout in dp2) extra=();; zero1) extra=(--set parallel.zero=1);; fsdp) extra=(--set parallel.zero=3);; esac
+    case $layout in dp2) extra=();; zero1) extra=(--set parallel.zero=1);; fsdp) extra=(--set parallel.zero=3);;
+      # The cut between layer 0 (linear attention) and layer 1 (full attention); the vision tower on stage 0.
+      pp2) extra=(--set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}");; esac
     "$LOOM" run -n 2 -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
@@ -126,6 +130,24 @@ for layout in sys.argv[4:]:
     assert worst <= 1e-5, (layout, worst)
 PY
 done
+# Recompute (full, with offload; selective) in one process: the plain run's losses bit for bit.
+for memory in full selective; do
+  extra=(--set features.recompute=$memory)
+  [ $memory = full ] && extra+=(--set features.offload=true)
+  "$LOOM" train "$WORK/dense.yaml" --set training.output_dir="$WORK/dense-$memory" "${extra[@]}" \
+    > "$WORK/dense-$memory.log" 2>&1 || { cat "$WORK/dense-$memory.log"; fail "dense recompute $memory"; }
+done
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY' || fail "recompute changes the losses"
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from runs import steps
+one = steps(f"{work}/dense-one/metrics.jsonl")
+for memory in ("full", "selective"):
+    other = steps(f"{work}/dense-{memory}/metrics.jsonl")
+    assert sorted(other) == sorted(one) and all(one[s]["loss"] == other[s]["loss"] for s in one), memory
+    print(f"qwen3.5 dense recompute {memory}: the 20 losses bit for bit")
+PY
 python3 - "$WORK/dense-one/step-00000020" <<'PY' || fail "transformers does not load the checkpoint"
 import sys
 import transformers
@@ -134,4 +156,4 @@ assert not any(info.values()), info
 processor = transformers.AutoProcessor.from_pretrained(sys.argv[1])
 print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__}")
 PY
-echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1 and FSDP (and MoE dp=2) match one process"
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP and pp=2 (and MoE dp=2, pp=2) match one process"

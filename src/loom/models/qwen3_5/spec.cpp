@@ -64,13 +64,12 @@ Family qwen3_5_family(const char* name) {
     const config::ParallelSection& p = job.parallel;
     const char* refused = p.tp > 1              ? "parallel.tp"
                           : p.cp > 1            ? "parallel.cp"
-                          : p.pp > 1            ? "parallel.pp"
                           : p.sequence_parallel ? "parallel.sequence_parallel"
                                                 : nullptr;
     if (refused)
       throw ConfigError(
-          fmt::format("{}: Qwen3.5 trains on data parallelism only in this version of Loom "
-                      "(tensor, sequence, context and pipeline parallelism come next)",
+          fmt::format("{}: Qwen3.5 trains on data and pipeline parallelism only in this version of Loom "
+                      "(tensor, sequence and context parallelism come next)",
                       refused));
     config::validate_parallel(job,
                               {c.text.attention.num_heads, c.text.attention.num_kv_heads, c.vision.num_heads,
