@@ -2,10 +2,11 @@
 # - a tiny random dense Qwen3.5 made by transformers (the test ChatML tokenizer's vocabulary and vision
 #   tokens) trains from its weights (model.init_from) on image conversations; its first step's loss
 #   equals transformers' loss on the same exported batches (each row alone, padding masked) within 1e-5;
-# - 20 packed steps under dp=2, ZeRO-1, FSDP and pp=2 (cut between a linear-attention and a
-#   full-attention layer) give one process's losses within 1e-5 relative, and so does the MoE model
-#   with output_router_logits (its router loss in the loss, the routing counts carried across the
-#   stages) under dp=2 and pp=2, loaded from transformers' save_pretrained (the experts one by one);
+# - 20 packed steps under dp=2, ZeRO-1, FSDP, pp=2 (cut between a linear-attention and a
+#   full-attention layer), tp=2 and tp=2 with sequence parallelism give one process's losses within
+#   1e-5 relative, and so does the MoE model with output_router_logits (its router loss in the loss,
+#   the routing counts carried across the stages and summed over the sequence chunks) under dp=2,
+#   pp=2, tp=2 and tp=2 with SP, loaded from transformers' save_pretrained (the experts one by one);
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor.
@@ -47,6 +48,9 @@ with open(f"{work}/train.jsonl", "w") as f:
     for row in rows:
         f.write(json.dumps(row) + "\n")
 PY
+# The models' weights are drawn at 0.1 (activations far from the defaults'), so lr 5e-4 keeps 20 Adam
+# steps where the layouts' other summation orders stay near rounding (at 1e-3, tp=2 drifted to
+# 1.0e-5 to 1.7e-5 by step 20 while agreeing at step 1 within 6e-8).
 job() {  # variant, packing
   cat <<YAML
 model: {family: qwen3_5$( [ "$1" = moe ] && echo _moe ), init_from: $WORK/init-$1}
@@ -58,7 +62,7 @@ data:
   min_pixels: 1024
   max_pixels: 8192
   num_workers: 1
-training: {steps: 20, global_batch_size: 4, micro_batch_size: 2, lr: 1.0e-3, warmup_steps: 2, precision: fp32,
+training: {steps: 20, global_batch_size: 4, micro_batch_size: 2, lr: 5.0e-4, warmup_steps: 2, precision: fp32,
            threads: 1, eval_every: 0, save_every: 0}
 tools: {log_every: 1, progress_bar: false}
 YAML
@@ -106,12 +110,14 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     $( [ $variant = dense ] && echo "--set training.save_every=20" ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2"
-  [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2"
+  layouts="dp2 pp2 tp2 tp2sp"
+  [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp"
   for layout in $layouts; do
     case $layout in dp2) extra=();; zero1) extra=(--set parallel.zero=1);; fsdp) extra=(--set parallel.zero=3);;
       # The cut between layer 0 (linear attention) and layer 1 (full attention); the vision tower on stage 0.
-      pp2) extra=(--set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}");; esac
+      pp2) extra=(--set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}");;
+      tp2) extra=(--set parallel.tp=2);;
+      tp2sp) extra=(--set parallel.tp=2 --set parallel.sequence_parallel=true);; esac
     "$LOOM" run -n 2 -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
@@ -156,4 +162,4 @@ assert not any(info.values()), info
 processor = transformers.AutoProcessor.from_pretrained(sys.argv[1])
 print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__}")
 PY
-echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP and pp=2 (and MoE dp=2, pp=2) match one process"
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2 and tp=2 + SP (and MoE dp=2, pp=2, tp=2, tp=2 + SP) match one process"

@@ -22,14 +22,29 @@ at::TensorOptions ParamOptions::tensor_options() const {
   return shapes_only ? options.device(at::kMeta) : options;
 }
 
+std::vector<int64_t> ShardLayout::whole_blocks(int64_t length) const {
+  return sections.empty() ? std::vector<int64_t>(parts, length / parts) : sections;
+}
+
 at::Tensor ShardLayout::slice(const at::Tensor& whole) const {
   if (!split()) return whole;
-  const int64_t part = whole.size(dim) / parts, piece = part / chunks;
-  if (whole.size(dim) != part * parts || part != piece * chunks)
-    throw ModelError(fmt::format("a [{}] tensor does not split into {} x {} equal slices along dimension {}",
-                                 fmt::join(whole.sizes(), ", "), parts, chunks, dim));
+  const std::vector<int64_t> sizes = whole_blocks(whole.size(dim));
+  int64_t total = 0;
+  bool even = true;
+  for (int64_t s : sizes) {
+    total += s;
+    even = even && s % chunks == 0;
+  }
+  if (total != whole.size(dim) || !even)
+    throw ModelError(
+        fmt::format("a [{}] tensor does not split into blocks [{}] of {} equal slices along dimension {}",
+                    fmt::join(whole.sizes(), ", "), fmt::join(sizes, ", "), chunks, dim));
   std::vector<at::Tensor> pieces;
-  for (int64_t p = 0; p < parts; ++p) pieces.push_back(whole.narrow(dim, p * part + chunk * piece, piece));
+  int64_t offset = 0;
+  for (int64_t size : sizes) {
+    pieces.push_back(whole.narrow(dim, offset + chunk * (size / chunks), size / chunks));
+    offset += size;
+  }
   return at::cat(pieces, dim).contiguous();
 }
 
@@ -38,19 +53,19 @@ at::Tensor ShardLayout::gather(const at::Tensor& local) const {
   if (!comm || comm->size() % chunks != 0)
     throw ModelError(fmt::format("a parameter cut into {} slices cannot be gathered over a group of {} ranks",
                                  chunks, comm ? comm->size() : 1));
-  // Rank order along dim: (ranks, parts, piece), of which every replicas()-th rank holds the next
-  // chunk; the whole tensor is (parts, chunks, piece).
+  // Rank order along dim: every rank's slice of each block in turn; every replicas()-th rank holds
+  // the next chunk. The whole tensor is each block's chunks in order.
   const at::Tensor ranks = dist::all_gather_along(local, *comm, dim);
-  std::vector<int64_t> split_shape = ranks.sizes().vec();
-  const int64_t piece = local.size(dim) / parts;
-  split_shape[dim] = piece;
-  split_shape.insert(split_shape.begin() + dim, parts);
-  split_shape.insert(split_shape.begin() + dim, comm->size());
-  at::Tensor blocks = ranks.reshape(split_shape);
-  if (replicas() > 1)
-    blocks =
-        blocks.index_select(dim, at::arange(0, comm->size(), replicas(), blocks.options().dtype(at::kLong)));
-  return blocks.transpose(dim, dim + 1).reshape(whole_shape(local.sizes()));
+  const int64_t length = local.size(dim);
+  std::vector<at::Tensor> pieces;
+  int64_t offset = 0;
+  for (int64_t block : whole_blocks(length * chunks)) {
+    const int64_t piece = block / chunks;
+    for (int64_t c = 0; c < chunks; ++c)
+      pieces.push_back(ranks.narrow(dim, c * replicas() * length + offset, piece));
+    offset += piece;
+  }
+  return at::cat(pieces, dim);
 }
 
 std::vector<int64_t> ShardLayout::whole_shape(at::IntArrayRef local) const {
@@ -82,6 +97,30 @@ ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t 
   return layout;
 }
 
+ShardLayout sections_layout(const TensorParallelGroup& group, int64_t dim, std::vector<int64_t> sections) {
+  ShardLayout layout = split_layout(group, dim, static_cast<int64_t>(sections.size()));
+  layout.sections = std::move(sections);
+  return layout;
+}
+
+ShardedWeight::ShardedWeight(at::IntArrayRef local_shape, ShardLayout layout, const ParamOptions& options)
+    : layout_(std::move(layout)) {
+  weight = register_parameter("weight", at::empty(local_shape, options.tensor_options()));
+}
+
+ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, std::vector<int64_t> sections, bool with_bias,
+                                           const ParamOptions& options)
+    : group_(options.tp),
+      parts_(static_cast<int64_t>(sections.size())),
+      chunks_(options.tp.size()),
+      sections_(std::move(sections)) {
+  int64_t local = 0;
+  for (int64_t s : sections_)
+    local += split_size(s, 1, group_, "ColumnParallelLinear", "output features of a block");
+  weight = register_parameter("weight", at::empty({local, in_features}, options.tensor_options()));
+  if (with_bias) bias = register_parameter("bias", at::empty({local}, options.tensor_options()));
+}
+
 ColumnParallelLinear::ColumnParallelLinear(int64_t in_features, int64_t out_features, bool with_bias,
                                            const ParamOptions& options, int64_t parts, int64_t chunks)
     : group_(options.tp), parts_(parts), chunks_(chunks > 0 ? chunks : options.tp.size()) {
@@ -110,8 +149,10 @@ at::Tensor ColumnParallelLinear::forward(const at::Tensor& x, bool gather_output
 }
 
 std::map<std::string, ShardLayout> ColumnParallelLinear::layouts() const {
-  std::map<std::string, ShardLayout> out{{"weight", split_layout(group_, 0, parts_, chunks_)}};
-  if (bias.defined()) out["bias"] = split_layout(group_, 0, parts_, chunks_);
+  const ShardLayout layout =
+      sections_.empty() ? split_layout(group_, 0, parts_, chunks_) : sections_layout(group_, 0, sections_);
+  std::map<std::string, ShardLayout> out{{"weight", layout}};
+  if (bias.defined()) out["bias"] = layout;
   return out;
 }
 

@@ -9,6 +9,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "loom/dist/comm.h"
 #include "loom/parallel/context/shard.h"
@@ -43,12 +44,14 @@ struct ParamOptions {
 
 // How a rank's parameter is cut from the whole tensor: along `dim`, the whole is `parts` fused
 // blocks (vision qkv: q, k, v), each cut into `chunks` equal slices of which this rank holds
-// slice `chunk` of every block. dim < 0: the rank holds the whole tensor. With fewer chunks than
-// ranks (kv heads replicated when tp exceeds them), consecutive ranks hold the same slice: rank r
-// holds chunk r / replicas(), and each holds part of its gradient.
+// slice `chunk` of every block. Blocks of unequal sizes (linear attention's q, k and v of other
+// widths) are given by `sections`, their whole sizes along `dim`, instead of `parts`. dim < 0: the rank holds
+// the whole tensor. With fewer chunks than ranks (kv heads replicated when tp exceeds them), consecutive
+// ranks hold the same slice: rank r holds chunk r / replicas(), and each holds part of its gradient.
 struct ShardLayout {
   int64_t dim = -1;
   int64_t parts = 1;
+  std::vector<int64_t> sections;  // the fused blocks' sizes along dim; empty: `parts` equal blocks
   int64_t chunks = 1;
   int64_t chunk = 0;
   std::shared_ptr<dist::Comm> comm;  // the group whose ranks hold the slices, in slice order
@@ -65,6 +68,8 @@ struct ShardLayout {
   at::Tensor gather(const at::Tensor& local) const;
   // The whole tensor's shape from a slice's.
   std::vector<int64_t> whole_shape(at::IntArrayRef local) const;
+  // The fused blocks' sizes along dim in the whole tensor, `length` long there.
+  std::vector<int64_t> whole_blocks(int64_t length) const;
 };
 
 // A module that says how its parameters lie over the ranks: cut (the parallel layers), or whole
@@ -79,6 +84,8 @@ class Sharded {
 // A parameter cut along `dim` over `group` (ShardLayout's parts and chunks; chunks 0: the group size).
 ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1,
                          int64_t chunks = 0);
+// A parameter of fused blocks of unequal sizes (their whole sizes), each cut along `dim` over `group`.
+ShardLayout sections_layout(const TensorParallelGroup& group, int64_t dim, std::vector<int64_t> sections);
 
 // A whole parameter's layout in a layer that `group` runs on: its gradient is partial over the
 // group under sequence parallelism (each rank sees one chunk of the tokens).
@@ -92,6 +99,10 @@ class ColumnParallelLinear : public torch::nn::Module, public Sharded {
  public:
   ColumnParallelLinear(int64_t in_features, int64_t out_features, bool bias, const ParamOptions& options,
                        int64_t parts = 1, int64_t chunks = 0);
+  // Fused output blocks of unequal sizes (`sections`, summing to the output features), each split
+  // over the group: every rank gets its share of each.
+  ColumnParallelLinear(int64_t in_features, std::vector<int64_t> sections, bool bias,
+                       const ParamOptions& options);
   // x: the whole input, as group().enter() returns it (callers reading one input in several
   // layers enter once) -> (..., out/size); with gather_output, every rank's columns in order.
   at::Tensor forward(const at::Tensor& x, bool gather_output = false) const;
@@ -102,6 +113,20 @@ class ColumnParallelLinear : public torch::nn::Module, public Sharded {
  private:
   TensorParallelGroup group_;
   int64_t parts_, chunks_;
+  std::vector<int64_t> sections_;
+};
+
+// One parameter, `weight`, of this rank's shape, cut from the whole as `layout` says: a slice of
+// the whole, or whole on every rank (whole_layout) where a layer uses it on this rank's part of the
+// work (its heads, its sequence chunk).
+class ShardedWeight : public torch::nn::Module, public Sharded {
+ public:
+  ShardedWeight(at::IntArrayRef local_shape, ShardLayout layout, const ParamOptions& options);
+  std::map<std::string, ShardLayout> layouts() const override { return {{"weight", layout_}}; }
+  at::Tensor weight;
+
+ private:
+  ShardLayout layout_;
 };
 
 // y = x W^T + b with W (out, in) split along `in`: each rank holds in/size columns; the partial

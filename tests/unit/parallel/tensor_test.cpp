@@ -34,6 +34,26 @@ TEST(ShardLayout, FusedBlocksGiveEachRankItsRowsOfEveryBlock) {
   EXPECT_THROW(layout.slice(whole), std::exception);
 }
 
+TEST(ShardLayout, BlocksOfUnequalSizesEachSplit) {
+  // Linear attention's fused [q; k; v]: q and k of 4 rows, v of 6, cut over 2 ranks: rank 1 holds
+  // q's rows 2-3, k's 6-7 and v's 11-13.
+  const auto whole = at::arange(14, at::kFloat).view({14, 1});
+  TensorParallelGroup two;
+  ShardLayout layout = sections_layout(two, 0, {4, 4, 6});
+  layout.chunks = 2;
+  layout.chunk = 1;
+  EXPECT_EQ(layout.parts, 3);
+  EXPECT_TRUE(
+      layout.slice(whole).equal(at::tensor({2.0F, 3.0F, 6.0F, 7.0F, 11.0F, 12.0F, 13.0F}).view({7, 1})));
+  EXPECT_EQ(layout.whole_shape({7, 1}), (std::vector<int64_t>{14, 1}));
+  layout.chunks = 4;  // 6 rows do not split 4 ways
+  EXPECT_THROW(layout.slice(whole), std::exception);
+  ParamOptions options;
+  ColumnParallelLinear qkv(8, std::vector<int64_t>{4, 4, 6}, false, options);
+  EXPECT_EQ(qkv.weight.sizes(), (std::vector<int64_t>{14, 8}));
+  EXPECT_EQ(qkv.layouts().at("weight").sections, (std::vector<int64_t>{4, 4, 6}));
+}
+
 TEST(ShardLayout, ALayerReportsItsParameters) {
   ParamOptions options;
   ColumnParallelLinear qkv(8, 24, true, options, 3);

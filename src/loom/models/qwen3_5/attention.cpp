@@ -46,30 +46,41 @@ at::Tensor zero_centred_rms_norm(const at::Tensor& x, const at::Tensor& weight, 
 }
 
 ZeroCentredRMSNorm::ZeroCentredRMSNorm(int64_t dim, double eps_, const parallel::ParamOptions& options)
-    : eps(eps_) {
+    : eps(eps_), group_(options.tp) {
   weight = register_parameter("weight", at::empty({dim}, options.tensor_options()));
 }
 
 GatedAttention::GatedAttention(const AttentionConfig& c, const parallel::ParamOptions& options) : config(c) {
-  if (options.tp.size() > 1)
-    throw ConfigError(fmt::format(
-        "parallel.tp={}: Qwen3.5's full-attention layers do not split over tensor-parallel ranks yet",
-        options.tp.size()));
   if (c.num_heads % c.num_kv_heads != 0)
     throw ConfigError(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                   c.num_heads, c.num_kv_heads));
+  const int64_t tp = options.tp.size();
+  // Key/value heads: an equal share, or one replicated on tp / kv ranks when tp is a multiple of them.
+  const bool replicated = tp > c.num_kv_heads && tp % c.num_kv_heads == 0;
+  if (c.num_heads % tp != 0 || (!replicated && c.num_kv_heads % tp != 0))
+    throw ConfigError(
+        fmt::format("parallel.tp={}: Qwen3.5's {} attention heads and {} key/value heads do not split evenly "
+                    "over the tensor-parallel ranks",
+                    tp, c.num_heads, c.num_kv_heads));
+  local_heads = c.num_heads / tp;
+  local_kv_heads = replicated ? 1 : c.num_kv_heads / tp;
+  const int64_t kv_slices = std::min(c.num_kv_heads, tp);
+  // q_proj's rows are each head's query then its gate, so a split by rows keeps whole heads.
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
                                          c.hidden_size, 2 * c.num_heads * c.head_dim, c.bias, options));
-  k_proj = register_module("k_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, c.num_kv_heads * c.head_dim, c.bias, options));
-  v_proj = register_module("v_proj", std::make_shared<parallel::ColumnParallelLinear>(
-                                         c.hidden_size, c.num_kv_heads * c.head_dim, c.bias, options));
+  k_proj = register_module(
+      "k_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.num_kv_heads * c.head_dim,
+                                                                 c.bias, options, 1, kv_slices));
+  v_proj = register_module(
+      "v_proj", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.num_kv_heads * c.head_dim,
+                                                                 c.bias, options, 1, kv_slices));
   o_proj = register_module("o_proj", std::make_shared<parallel::RowParallelLinear>(
                                          c.num_heads * c.head_dim, c.hidden_size, c.bias, options));
-  q_norm =
-      register_module("q_norm", std::make_shared<ZeroCentredRMSNorm>(c.head_dim, c.rms_norm_eps, options));
-  k_norm =
-      register_module("k_norm", std::make_shared<ZeroCentredRMSNorm>(c.head_dim, c.rms_norm_eps, options));
+  // Whole on every rank, each applied to this rank's heads: partial gradients over the group.
+  parallel::ParamOptions heads = options;
+  heads.tp.sequence_parallel = true;
+  q_norm = register_module("q_norm", std::make_shared<ZeroCentredRMSNorm>(c.head_dim, c.rms_norm_eps, heads));
+  k_norm = register_module("k_norm", std::make_shared<ZeroCentredRMSNorm>(c.head_dim, c.rms_norm_eps, heads));
 }
 
 at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
@@ -78,15 +89,15 @@ at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   const at::Tensor h = q_proj->group().enter(x, 1).squeeze(0);  // (T, hidden)
   const int64_t tokens = h.size(0);
   // Each head's query, then its gate.
-  const at::Tensor both = q_proj->forward(h).view({tokens, c.num_heads, 2 * c.head_dim});
-  const at::Tensor gate = both.narrow(-1, c.head_dim, c.head_dim).reshape({tokens, c.num_heads * c.head_dim});
+  const at::Tensor both = q_proj->forward(h).view({tokens, local_heads, 2 * c.head_dim});
+  const at::Tensor gate = both.narrow(-1, c.head_dim, c.head_dim).reshape({tokens, local_heads * c.head_dim});
   at::Tensor q = q_norm->forward(both.narrow(-1, 0, c.head_dim));
-  at::Tensor k = k_norm->forward(k_proj->forward(h).view({tokens, c.num_kv_heads, c.head_dim}));
+  at::Tensor k = k_norm->forward(k_proj->forward(h).view({tokens, local_kv_heads, c.head_dim}));
   q = apply_partial_rotary(q, cos, sin);
   k = apply_partial_rotary(k, cos, sin);
-  const at::Tensor v = v_proj->forward(h).view({tokens, c.num_kv_heads, c.head_dim});
+  const at::Tensor v = v_proj->forward(h).view({tokens, local_kv_heads, c.head_dim});
   const at::Tensor attended = nn::segment_attention(q, k, v, cu_seqlens, /*causal=*/true);
-  const at::Tensor gated = attended.reshape({tokens, c.num_heads * c.head_dim}) * at::sigmoid(gate);
+  const at::Tensor gated = attended.reshape({tokens, local_heads * c.head_dim}) * at::sigmoid(gate);
   return o_proj->forward(gated.unsqueeze(0), 1);
 }
 

@@ -7,7 +7,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/parallel/tensor.h"
@@ -35,12 +37,21 @@ at::Tensor apply_partial_rotary(const at::Tensor& x, const at::Tensor& cos, cons
 // offset from one; transformers' Qwen3_5RMSNorm).
 at::Tensor zero_centred_rms_norm(const at::Tensor& x, const at::Tensor& weight, double eps);
 
-class ZeroCentredRMSNorm : public torch::nn::Module {
+// Whole on every rank of the tensor-parallel group; its gradient is partial over the group where
+// the ranks see parts of the tokens (sequence parallelism) or of the heads (options' group made
+// sequence-parallel by the caller).
+class ZeroCentredRMSNorm : public torch::nn::Module, public parallel::Sharded {
  public:
   ZeroCentredRMSNorm(int64_t dim, double eps, const parallel::ParamOptions& options);
   at::Tensor forward(const at::Tensor& x) const { return zero_centred_rms_norm(x, weight, eps); }
+  std::map<std::string, parallel::ShardLayout> layouts() const override {
+    return {{"weight", parallel::whole_layout(group_)}};
+  }
   at::Tensor weight;
   double eps;
+
+ private:
+  parallel::TensorParallelGroup group_;
 };
 
 struct AttentionConfig {
@@ -49,15 +60,17 @@ struct AttentionConfig {
   double rms_norm_eps = 1e-6;
 };
 
+// Under tensor parallelism each rank holds its share of the query heads (each with its gate) and
+// of the key/value heads (one replicated on several ranks when tp exceeds them).
 class GatedAttention : public torch::nn::Module {
  public:
-  // Tensor parallelism is not supported yet: a group of more than one rank is a ConfigError.
   GatedAttention(const AttentionConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), cos and sin (T, rotary_dim), packed samples [cu[i], cu[i+1]) -> (1, T, hidden).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<int64_t>& cu_seqlens) const;
 
   AttentionConfig config;
+  int64_t local_heads, local_kv_heads;  // this rank's
   std::shared_ptr<parallel::ColumnParallelLinear> q_proj, k_proj, v_proj;
   std::shared_ptr<parallel::RowParallelLinear> o_proj;
   std::shared_ptr<ZeroCentredRMSNorm> q_norm, k_norm;

@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include "loom/kernels/delta_rule.h"
-#include "loom/nn/module_list.h"
 #include "loom/util/errors.h"
 
 namespace loom::models::qwen3_5 {
@@ -38,39 +37,51 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps) {
 }
 
 GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetConfig& c, const parallel::ParamOptions& options)
-    : config(c) {
-  if (options.tp.size() > 1)
-    throw ConfigError(fmt::format(
-        "parallel.tp={}: Qwen3.5's linear-attention layers do not split over tensor-parallel ranks yet",
-        options.tp.size()));
+    : config(c), local(c), group_(options.tp) {
   if (c.num_value_heads % c.num_key_heads != 0)
     throw ConfigError(fmt::format("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                                   c.num_value_heads, c.num_key_heads));
-  in_proj_qkv = register_module("in_proj_qkv", std::make_shared<parallel::ColumnParallelLinear>(
-                                                   c.hidden_size, c.conv_dim(), false, options));
+  const int64_t tp = options.tp.size();
+  if (c.num_key_heads % tp != 0)
+    throw ConfigError(
+        fmt::format("parallel.tp={}: Qwen3.5's {} linear-attention key heads do not split evenly over the "
+                    "tensor-parallel ranks",
+                    tp, c.num_key_heads));
+  local.num_key_heads = c.num_key_heads / tp;
+  local.num_value_heads = c.num_value_heads / tp;
+  const std::vector<int64_t> qkv{c.key_dim(), c.key_dim(), c.value_dim()};
+  in_proj_qkv = register_module(
+      "in_proj_qkv", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, qkv, false, options));
   in_proj_z = register_module("in_proj_z", std::make_shared<parallel::ColumnParallelLinear>(
                                                c.hidden_size, c.value_dim(), false, options));
   in_proj_b = register_module("in_proj_b", std::make_shared<parallel::ColumnParallelLinear>(
                                                c.hidden_size, c.num_value_heads, false, options));
   in_proj_a = register_module("in_proj_a", std::make_shared<parallel::ColumnParallelLinear>(
                                                c.hidden_size, c.num_value_heads, false, options));
-  auto conv = std::make_shared<nn::WeightHolder>(at::IntArrayRef{c.conv_dim(), 1, c.conv_kernel},
-                                                 options.tensor_options());
-  conv_weight = conv->weight;
-  conv1d = register_module("conv1d", conv);
-  dt_bias = register_parameter("dt_bias", at::empty({c.num_value_heads}, options.tensor_options()));
-  A_log = register_parameter("A_log", at::empty({c.num_value_heads}, options.tensor_options()));
-  auto gated_norm =
-      std::make_shared<nn::WeightHolder>(at::IntArrayRef{c.value_head_dim}, options.tensor_options());
-  norm_weight = gated_norm->weight;
-  norm = register_module("norm", gated_norm);
+  conv1d = register_module("conv1d", std::make_shared<parallel::ShardedWeight>(
+                                         at::IntArrayRef{local.conv_dim(), 1, c.conv_kernel},
+                                         parallel::sections_layout(options.tp, 0, qkv), options));
+  conv_weight = conv1d->weight;
+  dt_bias = register_parameter("dt_bias", at::empty({local.num_value_heads}, options.tensor_options()));
+  A_log = register_parameter("A_log", at::empty({local.num_value_heads}, options.tensor_options()));
+  // Whole, applied to this rank's heads: partial gradients over the group.
+  parallel::TensorParallelGroup heads = options.tp;
+  heads.sequence_parallel = true;
+  norm =
+      register_module("norm", std::make_shared<parallel::ShardedWeight>(
+                                  at::IntArrayRef{c.value_head_dim}, parallel::whole_layout(heads), options));
+  norm_weight = norm->weight;
   out_proj = register_module("out_proj", std::make_shared<parallel::RowParallelLinear>(
                                              c.value_dim(), c.hidden_size, false, options));
 }
 
+std::map<std::string, parallel::ShardLayout> GatedDeltaNet::layouts() const {
+  return {{"A_log", parallel::split_layout(group_, 0)}, {"dt_bias", parallel::split_layout(group_, 0)}};
+}
+
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens,
                                   bool fused) const {
-  const GatedDeltaNetConfig& c = config;
+  const GatedDeltaNetConfig& c = local;
   const at::Tensor rows = in_proj_qkv->group().enter(x, 1);
   const int64_t tokens = rows.size(1);
   const at::Tensor h = rows.squeeze(0);  // (T, hidden)

@@ -8,7 +8,9 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "loom/parallel/tensor.h"
@@ -40,19 +42,27 @@ at::Tensor gated_rms_norm(const at::Tensor& x, const at::Tensor& z, const at::Te
 // x * rsqrt(sum(x^2) + eps) over the last dimension, in fp32 (the delta rule's q and k).
 at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
 
-class GatedDeltaNet : public torch::nn::Module {
+// Under tensor parallelism each rank holds its share of the key heads and of the value heads (the
+// value heads that read each key head with it): its rows of q, k and v in in_proj_qkv and conv1d
+// (three blocks of unequal widths, each split), of z, b and a, of A_log and dt_bias, and its columns
+// of out_proj; the gated norm's weight is whole, applied to this rank's heads.
+class GatedDeltaNet : public torch::nn::Module, public parallel::Sharded {
  public:
-  // Tensor parallelism is not supported yet: a group of more than one rank is a ConfigError.
   GatedDeltaNet(const GatedDeltaNetConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), packed samples [cu[i], cu[i+1]) -> (1, T, hidden). `fused`: the delta rule's
   // fused kernel (kernels::delta_rule) rather than its composite.
   at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused = true) const;
+  std::map<std::string, parallel::ShardLayout> layouts() const override;  // A_log, dt_bias
 
   GatedDeltaNetConfig config;
+  GatedDeltaNetConfig local;  // this rank's heads
   std::shared_ptr<parallel::ColumnParallelLinear> in_proj_qkv, in_proj_z, in_proj_b, in_proj_a;
-  std::shared_ptr<torch::nn::Module> conv1d, norm;  // conv1d.weight (conv_dim, 1, K); norm.weight (dv)
+  std::shared_ptr<parallel::ShardedWeight> conv1d, norm;  // conv1d.weight (conv_dim, 1, K); norm.weight (dv)
   at::Tensor conv_weight, norm_weight, dt_bias, A_log;
   std::shared_ptr<parallel::RowParallelLinear> out_proj;
+
+ private:
+  parallel::TensorParallelGroup group_;
 };
 
 }  // namespace loom::models::qwen3_5

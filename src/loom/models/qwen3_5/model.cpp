@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "loom/checkpoint/hf_export.h"
+#include "loom/dist/mappings.h"
 #include "loom/nn/fused.h"
 #include "loom/util/errors.h"
 
@@ -88,7 +89,10 @@ class TextLayer : public core::Layer {
 class EmbedTokensLayer : public TextLayer {
  public:
   EmbedTokensLayer(std::shared_ptr<parallel::VocabParallelEmbedding> embed, bool tied)
-      : TextLayer("model.language_model.embed_tokens", embed), embed_(std::move(embed)), tied_(tied) {}
+      : TextLayer("model.language_model.embed_tokens", embed),
+        embed_(std::move(embed)),
+        tied_(tied),
+        tp_(embed_->group()) {}
   bool parameters_read_outside() const override { return tied_; }
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
@@ -109,13 +113,14 @@ class EmbedTokensLayer : public TextLayer {
           fmt::format("the input ids hold {} image and {} video tokens but no images or videos are given",
                       c.image_tokens, c.video_tokens));
     }
-    carry.set("hidden", embeds);
+    carry.set("hidden", parallel::scatter_sequence(tp_, 1, embeds, c.chunks));
     return carry;
   }
 
  private:
   std::shared_ptr<parallel::VocabParallelEmbedding> embed_;
   bool tied_;
+  parallel::TensorParallelGroup tp_;
 };
 
 // Adds one layer's routing over the real tokens to the carry's counts (routing_counts), which the
@@ -153,17 +158,22 @@ class DecoderLayerLayer : public TextLayer {
 
 class NormLayer : public TextLayer {
  public:
-  NormLayer(std::shared_ptr<ZeroCentredRMSNorm> norm, const TextConfig& config)
+  NormLayer(std::shared_ptr<ZeroCentredRMSNorm> norm, const TextConfig& config,
+            const parallel::TensorParallelGroup& tp)
       : TextLayer("model.language_model.norm", norm),
         norm_(std::move(norm)),
-        coefficient_(config.router_aux_loss_coef) {}
+        coefficient_(config.router_aux_loss_coef),
+        tp_(tp) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
-    const at::Tensor h = norm_->forward(carry.take("hidden"));
+    const at::Tensor h = norm_->forward(parallel::gather_sequence(tp_, 1, carry.take("hidden"), c.chunks));
     carry.set("hidden", h.view({c.rows, -1, h.size(-1)}));  // the batch's rows again
     if (carry.has("router_picks")) {
-      const RoutingCounts pooled{carry.take("router_picks"), carry.take("router_probabilities"),
-                                 carry.take("router_rows")};
+      RoutingCounts pooled{carry.take("router_picks"), carry.take("router_probabilities"),
+                           carry.take("router_rows")};
+      if (c.chunks.split)  // each rank routed its chunk of the tokens: the counts of all of them
+        for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
+          *count = dist::reduce_from_region(*count, tp_.comm);
       carry.set("aux_loss", coefficient_ * load_balancing_loss(pooled));
     }
     return carry;
@@ -172,6 +182,7 @@ class NormLayer : public TextLayer {
  private:
   std::shared_ptr<ZeroCentredRMSNorm> norm_;
   double coefficient_;
+  parallel::TensorParallelGroup tp_;
 };
 
 // The real tokens of each row (attention_mask 1), or of each packed sample: [begin, end) per unit,
@@ -258,11 +269,15 @@ at::Tensor rope_position_ids(const VisionLanguageInputs& in, const Config& confi
 ForConditionalGeneration::ForConditionalGeneration(const Config& c, const parallel::ParamOptions& options)
     : config(c), tp_(options.tp) {
   model = register_module("model", std::make_shared<torch::nn::Module>());
-  visual = model->register_module("visual", std::make_shared<VisionModel>(c.vision, options));
+  parallel::ParamOptions replicated = options;  // the vision tower is whole on every tensor-parallel rank
+  replicated.tp = {};
+  visual = model->register_module("visual", std::make_shared<VisionModel>(c.vision, replicated));
   language_model = model->register_module("language_model", std::make_shared<TextModel>(c.text, options));
+  parallel::ParamOptions head = options;  // after the final norm: whole sequences
+  head.tp.sequence_parallel = false;
   if (!c.tie_word_embeddings)
     lm_head = register_module("lm_head", std::make_shared<parallel::ColumnParallelLinear>(
-                                             c.text.hidden_size, c.text.vocab_size, false, options));
+                                             c.text.hidden_size, c.text.vocab_size, false, head));
   layers_.push_back(std::make_shared<PatchEmbedLayer>(visual));
   for (size_t b = 0; b < visual->blocks.size(); ++b)
     layers_.push_back(std::make_shared<VisionBlockLayer>(b, visual->blocks[b]));
@@ -270,7 +285,7 @@ ForConditionalGeneration::ForConditionalGeneration(const Config& c, const parall
   layers_.push_back(std::make_shared<EmbedTokensLayer>(language_model->embed_tokens, c.tie_word_embeddings));
   for (size_t l = 0; l < language_model->layers.size(); ++l)
     layers_.push_back(std::make_shared<DecoderLayerLayer>(l, language_model->layers[l], c.text));
-  layers_.push_back(std::make_shared<NormLayer>(language_model->norm, c.text));
+  layers_.push_back(std::make_shared<NormLayer>(language_model->norm, c.text, tp_));
 }
 
 void ForConditionalGeneration::to(torch::Device device, bool non_blocking) {
@@ -323,6 +338,14 @@ std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLan
     c->video_tokens = video.sum().item<int64_t>();
     c->image_mask = image.unsqueeze(-1).to(device_);
     c->video_mask = video.unsqueeze(-1).to(device_);
+    // Sequence parallelism: the padding a sample of its own; each rank's router counts its chunk.
+    c->chunks = parallel::sequence_chunks(tp_, rows * length);
+    parallel::pad_sequence_tables(c->chunks, 0, c->cos, c->sin, {&c->cu_seqlens});
+    if (c->chunks.split) {
+      const int64_t chunk = c->chunks.padded / tp_.size();
+      c->real_tokens = at::constant_pad_nd(c->real_tokens, {0, c->chunks.padded - c->chunks.length})
+                           .narrow(0, tp_.rank() * chunk, chunk);
+    }
     c->cos = c->cos.to(device_);
     c->sin = c->sin.to(device_);
   }
@@ -359,8 +382,13 @@ const at::Tensor& ForConditionalGeneration::lm_head_weight() const {
   return lm_head ? lm_head->weight : language_model->embed_tokens->weight;
 }
 
+// Each tensor-parallel rank's columns of the vocabulary (the task's loss is vocabulary-parallel).
 at::Tensor ForConditionalGeneration::logits(const at::Tensor& hidden) const {
-  return at::matmul(hidden, lm_head_weight().t());
+  return at::matmul(dist::copy_to_region(hidden, tp_.comm), lm_head_weight().t());
+}
+
+at::Tensor ForConditionalGeneration::whole_logits(const at::Tensor& hidden) const {
+  return dist::gather_from_region(logits(hidden), tp_.comm, -1);
 }
 
 std::unique_ptr<VisionLanguageDecoder> ForConditionalGeneration::decoder() const {

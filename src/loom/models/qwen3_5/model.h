@@ -28,6 +28,7 @@
 
 #include "loom/models/qwen3_5/config.h"
 #include "loom/models/vision_language.h"
+#include "loom/parallel/sequence.h"
 
 namespace loom::models::qwen3_5 {
 
@@ -40,6 +41,10 @@ struct Context : VisionLanguageContext {
   int64_t image_tokens = 0, video_tokens = 0;
   at::Tensor cos, sin;     // (T, rotary_dim)
   at::Tensor real_tokens;  // (T) bool: not padding (what the router's load-balancing loss counts)
+  // Sequence parallelism: how the T tokens split over the tensor-parallel ranks between the layers'
+  // regions. cos, sin and cu_seqlens then cover the padded length (the padding a sample of its
+  // own), and real_tokens this rank's chunk.
+  parallel::SequenceChunks chunks;
   // The vision tower's rows: the images', then the videos'.
   at::Tensor pixel_values, grid_thw;
   std::vector<int64_t> vision_cu;  // each frame's rows, an attention segment
@@ -66,8 +71,8 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
                               const at::Tensor& image_grid_thw) const override;
   at::Tensor hidden_states(const VisionLanguageInputs& inputs) const override;
   at::Tensor logits(const at::Tensor& hidden) const override;
-  at::Tensor whole_logits(const at::Tensor& hidden) const override { return logits(hidden); }
-  int64_t vocab_start() const override { return 0; }
+  at::Tensor whole_logits(const at::Tensor& hidden) const override;
+  int64_t vocab_start() const override { return language_model->embed_tokens->vocab_start(); }
   const at::Tensor& lm_head_weight() const override;
   const parallel::TensorParallelGroup& llm_tp() const override { return tp_; }
   at::Tensor position_ids(const VisionLanguageInputs& inputs) const override;

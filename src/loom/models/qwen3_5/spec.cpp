@@ -62,16 +62,22 @@ Family qwen3_5_family(const char* name) {
                            int64_t world_size) {
     const Config c = qwen3_5::parse_config(hf, source);
     const config::ParallelSection& p = job.parallel;
-    const char* refused = p.tp > 1              ? "parallel.tp"
-                          : p.cp > 1            ? "parallel.cp"
-                          : p.sequence_parallel ? "parallel.sequence_parallel"
-                                                : nullptr;
-    if (refused)
+    if (p.cp > 1)
       throw ConfigError(
-          fmt::format("{}: Qwen3.5 trains on data and pipeline parallelism only in this version of Loom "
-                      "(tensor, sequence and context parallelism come next)",
-                      refused));
-    config::validate_parallel(job,
+          "parallel.cp: Qwen3.5 does not run under context parallelism in this version of Loom (data, "
+          "tensor, sequence and pipeline parallelism do)");
+    if (p.vision_tp > 1)
+      throw ConfigError(fmt::format(
+          "parallel.vision_tp={}: Qwen3.5's vision tower is whole on every tensor-parallel rank in "
+          "this version of Loom; leave parallel.vision_tp unset or 1",
+          p.vision_tp));
+    if (c.text.linear.num_key_heads % p.tp != 0)
+      throw ConfigError(fmt::format(
+          "parallel.tp={} does not divide the linear-attention layers' {} key heads (linear_num_key_heads)",
+          p.tp, c.text.linear.num_key_heads));
+    config::JobConfig whole_tower = job;  // the vision tower's heads need not split
+    whole_tower.parallel.vision_tp = 1;
+    config::validate_parallel(whole_tower,
                               {c.text.attention.num_heads, c.text.attention.num_kv_heads, c.vision.num_heads,
                                c.text.vocab_size, static_cast<int64_t>(c.text.layer_types.size()),
                                c.vision.depth + static_cast<int64_t>(c.text.layer_types.size())},

@@ -17,11 +17,12 @@ Mlp::Mlp(int64_t hidden, int64_t intermediate, const parallel::ParamOptions& opt
 }
 
 at::Tensor Mlp::forward(const at::Tensor& x) const {
-  return down_proj->forward(at::silu(gate_proj->forward(x)) * up_proj->forward(x), 0);
+  const at::Tensor whole = gate_proj->group().enter(x, 0);
+  return down_proj->forward(at::silu(gate_proj->forward(whole)) * up_proj->forward(whole), 0);
 }
 
-Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate,
-                 const parallel::ParamOptions& options) {
+Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options)
+    : group_(options.tp) {
   gate_up_proj = register_parameter("gate_up_proj",
                                     at::empty({experts, 2 * intermediate, hidden}, options.tensor_options()));
   down_proj =
@@ -33,18 +34,20 @@ SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions
   if (top_k < 1 || top_k > c.num_experts)
     throw ConfigError(
         fmt::format("num_experts_per_tok {} must be between 1 and num_experts {}", top_k, c.num_experts));
-  gate = register_module(
-      "gate", std::make_shared<parallel::ColumnParallelLinear>(c.hidden_size, c.num_experts, false, options));
+  const parallel::ShardLayout whole = parallel::whole_layout(options.tp);
+  gate = register_module("gate", std::make_shared<parallel::ShardedWeight>(
+                                     at::IntArrayRef{c.num_experts, c.hidden_size}, whole, options));
   experts = register_module(
       "experts", std::make_shared<Experts>(c.num_experts, c.hidden_size, c.moe_intermediate_size, options));
   shared_expert = register_module(
       "shared_expert", std::make_shared<Mlp>(c.hidden_size, c.shared_expert_intermediate_size, options));
-  shared_expert_gate = register_module("shared_expert_gate", std::make_shared<parallel::ColumnParallelLinear>(
-                                                                 c.hidden_size, 1, false, options));
+  shared_expert_gate = register_module(
+      "shared_expert_gate",
+      std::make_shared<parallel::ShardedWeight>(at::IntArrayRef{1, c.hidden_size}, whole, options));
 }
 
 at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logits) const {
-  const at::Tensor logits = gate->forward(x);  // (T, E), the model's dtype
+  const at::Tensor logits = at::linear(x, gate->weight);  // (T, E), the model's dtype
   if (router_logits) *router_logits = logits;
   const at::Tensor probabilities = at::softmax(logits, -1, at::kFloat);
   auto [weights, chosen] = probabilities.topk(top_k, -1);
@@ -64,7 +67,7 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logit
         at::matmul(hidden, experts->down_proj[e].t()) * weights.flatten().index_select(0, slots).unsqueeze(1);
     routed = routed.index_add(0, tokens, out);
   }
-  return routed + at::sigmoid(shared_expert_gate->forward(x)) * shared_expert->forward(x);
+  return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
 }
 
 RoutingCounts& RoutingCounts::operator+=(const RoutingCounts& other) {
@@ -138,8 +141,10 @@ TextModel::TextModel(const TextConfig& c, const parallel::ParamOptions& options)
   auto list = register_module("layers", std::make_shared<nn::ModuleList>());
   for (size_t i = 0; i < c.layer_types.size(); ++i)
     layers.push_back(list->append(std::make_shared<DecoderLayer>(c, i, options)));
-  norm =
-      register_module("norm", std::make_shared<ZeroCentredRMSNorm>(c.hidden_size, c.rms_norm_eps, options));
+  // The final norm runs on whole sequences: sequence parallelism ends before it.
+  parallel::ParamOptions whole = options;
+  whole.tp.sequence_parallel = false;
+  norm = register_module("norm", std::make_shared<ZeroCentredRMSNorm>(c.hidden_size, c.rms_norm_eps, whole));
 }
 
 at::Tensor TextModel::forward(const at::Tensor& input_ids, const at::Tensor& positions,

@@ -6,6 +6,7 @@
 #include <ATen/ATen.h>
 #include <torch/nn/module.h>
 
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -44,23 +45,32 @@ class Mlp : public torch::nn::Module {
 };
 
 // The experts' weights as transformers fuses them: experts.gate_up_proj (E, 2 * I, hidden), each
-// expert's gate rows then its up rows; experts.down_proj (E, hidden, I).
-class Experts : public torch::nn::Module {
+// expert's gate rows then its up rows; experts.down_proj (E, hidden, I). Whole on every
+// tensor-parallel rank (replicated; expert parallelism is what splits them).
+class Experts : public torch::nn::Module, public parallel::Sharded {
  public:
   Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options);
+  std::map<std::string, parallel::ShardLayout> layouts() const override {
+    return {{"gate_up_proj", parallel::whole_layout(group_)}, {"down_proj", parallel::whole_layout(group_)}};
+  }
   at::Tensor gate_up_proj, down_proj;
+
+ private:
+  parallel::TensorParallelGroup group_;
 };
 
 // The sparse block: router (gate) softmax in fp32 over the experts, the top k renormalised to sum to
 // one, each token through its k experts weighted so; plus the shared expert times
-// sigmoid(shared_expert_gate(x)).
+// sigmoid(shared_expert_gate(x)). Under tensor parallelism the router, its experts and the shared
+// expert's gate are whole on every rank, each rank routing the tokens it holds (all of them, or its
+// sequence chunk); the shared expert is split as the dense MLP is.
 class SparseMoeBlock : public torch::nn::Module {
  public:
   SparseMoeBlock(const TextConfig& config, const parallel::ParamOptions& options);
   // x (T, hidden) -> (T, hidden); `router_logits`, when given, receives (T, experts).
   at::Tensor forward(const at::Tensor& x, at::Tensor* router_logits = nullptr) const;
   int64_t top_k;
-  std::shared_ptr<parallel::ColumnParallelLinear> gate, shared_expert_gate;
+  std::shared_ptr<parallel::ShardedWeight> gate, shared_expert_gate;  // (E, hidden), (1, hidden)
   std::shared_ptr<Experts> experts;
   std::shared_ptr<Mlp> shared_expert;
 };
