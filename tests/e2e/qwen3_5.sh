@@ -4,9 +4,11 @@
 #   equals transformers' loss on the same exported batches (each row alone, padding masked) within 1e-5;
 # - 20 packed steps under dp=2, ZeRO-1, FSDP, pp=2 (cut between a linear-attention and a
 #   full-attention layer), tp=2 and tp=2 with sequence parallelism give one process's losses within
-#   1e-5 relative, and so does the MoE model with output_router_logits (its router loss in the loss,
-#   the routing counts carried across the stages and summed over the sequence chunks) under dp=2,
-#   pp=2, tp=2 and tp=2 with SP, loaded from transformers' save_pretrained (the experts one by one);
+#   1e-5 relative, and so do cp=2 and cp=4 (ring attention in the full-attention layers, the
+#   linear-attention state passed along the ranks); so does the MoE model with output_router_logits
+#   (its router loss in the loss, the routing counts carried across the stages and summed over the
+#   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4 and cp=2 x tp=2 with SP,
+#   loaded from transformers' save_pretrained (the experts one by one);
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor.
@@ -110,15 +112,19 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     $( [ $variant = dense ] && echo "--set training.save_every=20" ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp"
-  [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp"
+  [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
+    ranks=2
     case $layout in dp2) extra=();; zero1) extra=(--set parallel.zero=1);; fsdp) extra=(--set parallel.zero=3);;
       # The cut between layer 0 (linear attention) and layer 1 (full attention); the vision tower on stage 0.
       pp2) extra=(--set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}");;
       tp2) extra=(--set parallel.tp=2);;
-      tp2sp) extra=(--set parallel.tp=2 --set parallel.sequence_parallel=true);; esac
-    "$LOOM" run -n 2 -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
+      tp2sp) extra=(--set parallel.tp=2 --set parallel.sequence_parallel=true);;
+      cp2) extra=(--set parallel.cp=2);;
+      cp4) extra=(--set parallel.cp=4); ranks=4;;
+      cp2tp2sp) extra=(--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;; esac
+    "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
   python3 - "$WORK" "$SRC/tests/e2e" "$variant" $layouts <<'PY' || fail "$variant layouts differ from one process"
@@ -162,4 +168,4 @@ assert not any(info.values()), info
 processor = transformers.AutoProcessor.from_pretrained(sys.argv[1])
 print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__}")
 PY
-echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2 and tp=2 + SP (and MoE dp=2, pp=2, tp=2, tp=2 + SP) match one process"
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, and its cp=2 x tp=2 + SP) match one process"

@@ -84,7 +84,8 @@ GatedAttention::GatedAttention(const AttentionConfig& c, const parallel::ParamOp
 }
 
 at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                   const std::vector<int64_t>& cu_seqlens) const {
+                                   const std::vector<int64_t>& cu_seqlens,
+                                   const parallel::ContextAttention* cp) const {
   const AttentionConfig& c = config;
   const at::Tensor h = q_proj->group().enter(x, 1).squeeze(0);  // (T, hidden)
   const int64_t tokens = h.size(0);
@@ -96,7 +97,8 @@ at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   q = apply_partial_rotary(q, cos, sin);
   k = apply_partial_rotary(k, cos, sin);
   const at::Tensor v = v_proj->forward(h).view({tokens, local_kv_heads, c.head_dim});
-  const at::Tensor attended = nn::segment_attention(q, k, v, cu_seqlens, /*causal=*/true);
+  const at::Tensor attended =
+      cp ? nn::context_attention(q, k, v, *cp) : nn::segment_attention(q, k, v, cu_seqlens, /*causal=*/true);
   const at::Tensor gated = attended.reshape({tokens, local_heads * c.head_dim}) * at::sigmoid(gate);
   return o_proj->forward(gated.unsqueeze(0), 1);
 }

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/parallel/context/shard.h"
 #include "loom/parallel/tensor.h"
 
 namespace loom::models::qwen3_5 {
@@ -66,8 +67,10 @@ class GatedAttention : public torch::nn::Module {
  public:
   GatedAttention(const AttentionConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), cos and sin (T, rotary_dim), packed samples [cu[i], cu[i+1]) -> (1, T, hidden).
+  // `cp`: the tokens are this rank's context-parallel shard, attended as the plan says.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens) const;
+                     const std::vector<int64_t>& cu_seqlens,
+                     const parallel::ContextAttention* cp = nullptr) const;
 
   AttentionConfig config;
   int64_t local_heads, local_kv_heads;  // this rank's

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "loom/parallel/context/shard.h"
 #include "loom/parallel/tensor.h"
 
 namespace loom::models::qwen3_5 {
@@ -46,12 +47,43 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
 // value heads that read each key head with it): its rows of q, k and v in in_proj_qkv and conv1d
 // (three blocks of unequal widths, each split), of z, b and a, of A_log and dt_bias, and its columns
 // of out_proj; the gated norm's weight is whole, applied to this rank's heads.
+// Context parallelism over a ring of ranks (parallel/context/shard.h: each sequence cut into 2 x ring
+// chunks, ring rank r holding chunks r and 2 ring - 1 - r). The recurrence's state must pass from
+// chunk to chunk in order, across ranks; it does so in parallel:
+//   1. each rank runs its chunks from a zero state, keeping each chunk's final state S0_c and its
+//      transition M_c (Dk x Dk per head: the state is linear in the one it starts from,
+//      S_end = M_c S_start + S0_c). Both come from one pass, M_c as the state of extra value columns
+//      that start as the identity and are written nothing (v = 0);
+//   2. one all-gather over the ring gives every rank every chunk's (S0_c, M_c) (2 ring chunks' states,
+//      not tokens);
+//   3. each rank scans the chunks before each of its own, S_start = M_{c-1} S_start + S0_{c-1}, and
+//      runs its chunks again from those states: the outputs are then exact.
+// Every rank works at once; the price is the delta rule run twice (once with Dv + Dk value columns).
+// The convolution's first K - 1 outputs of a chunk read the K - 1 rows before it, which come by a
+// second all-gather (each chunk's last K - 1 rows). Backward runs through the same steps, the
+// all-gathers' gradients reduce-scattered back to their chunks.
+struct LinearContextParallel {
+  std::shared_ptr<dist::Comm> ring;
+  int64_t ring_size = 1;
+  int64_t pieces = 0;            // chunks per rank (every ring rank holds as many)
+  std::vector<int64_t> cu;       // this rank's tokens: each chunk a segment, then the padding's (if any)
+  std::vector<int64_t> lengths;  // each chunk's tokens (padding at a sequence's end included)
+  // For each of this rank's chunks, the chunks before it in its sequence, nearest first, as indexes
+  // into every ring rank's chunks in rank order (rank * pieces + chunk).
+  std::vector<std::vector<int64_t>> before;
+};
+
+// The plan for a causal shard of a ring (Ulysses degree 1; ModelError otherwise).
+LinearContextParallel linear_context_parallel(const parallel::ContextShard& shard);
+
 class GatedDeltaNet : public torch::nn::Module, public parallel::Sharded {
  public:
   GatedDeltaNet(const GatedDeltaNetConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), packed samples [cu[i], cu[i+1]) -> (1, T, hidden). `fused`: the delta rule's
   // fused kernel (kernels::delta_rule) rather than its composite.
-  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused = true) const;
+  // `cp`: the tokens are this rank's context-parallel shard, run as the plan says (cu_seqlens unused).
+  at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused = true,
+                     const LinearContextParallel* cp = nullptr) const;
   std::map<std::string, parallel::ShardLayout> layouts() const override;  // A_log, dt_bias
 
   GatedDeltaNetConfig config;

@@ -113,6 +113,7 @@ class EmbedTokensLayer : public TextLayer {
           fmt::format("the input ids hold {} image and {} video tokens but no images or videos are given",
                       c.image_tokens, c.video_tokens));
     }
+    if (c.text_shard.enabled()) embeds = c.text_shard.scatter(embeds.squeeze(0)).unsqueeze(0);
     carry.set("hidden", parallel::scatter_sequence(tp_, 1, embeds, c.chunks));
     return carry;
   }
@@ -145,7 +146,8 @@ class DecoderLayerLayer : public TextLayer {
     const Context& c = qwen35(context);
     at::Tensor router_logits;
     carry.set("hidden", layer_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, nn::fused_kernels(),
-                                        routing_ ? &router_logits : nullptr));
+                                        routing_ ? &router_logits : nullptr,
+                                        c.text_shard.enabled() ? &c.context_parallel : nullptr));
     if (routing_) add_routing(carry, router_logits, c.real_tokens, top_k_);
     return carry;
   }
@@ -167,14 +169,21 @@ class NormLayer : public TextLayer {
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
     const at::Tensor h = norm_->forward(parallel::gather_sequence(tp_, 1, carry.take("hidden"), c.chunks));
-    carry.set("hidden", h.view({c.rows, -1, h.size(-1)}));  // the batch's rows again
+    // The batch's rows again; under context parallelism the shard's tokens stay one row.
+    carry.set("hidden", c.text_shard.enabled() ? h : h.view({c.rows, -1, h.size(-1)}));
     if (carry.has("router_picks")) {
       RoutingCounts pooled{carry.take("router_picks"), carry.take("router_probabilities"),
                            carry.take("router_rows")};
-      if (c.chunks.split)  // each rank routed its chunk of the tokens: the counts of all of them
-        for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
-          *count = dist::reduce_from_region(*count, tp_.comm);
-      carry.set("aux_loss", coefficient_ * load_balancing_loss(pooled));
+      // Each rank routed its part of the tokens: the counts of all of them. Tensor-parallel ranks then
+      // share one loss (each its own copy); context-parallel ranks add theirs, so each takes 1/cp of it
+      // and its counts' gradient sums the ranks'.
+      const auto& cp = c.text_shard.group;
+      for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows}) {
+        if (c.chunks.split) *count = dist::reduce_from_region(*count, tp_.comm);
+        if (c.text_shard.enabled()) *count = dist::sum_over_region(*count, cp.cp);
+      }
+      const double share = c.text_shard.enabled() ? 1.0 / static_cast<double>(cp.size()) : 1.0;
+      carry.set("aux_loss", coefficient_ * share * load_balancing_loss(pooled));
     }
     return carry;
   }
@@ -293,7 +302,8 @@ void ForConditionalGeneration::to(torch::Device device, bool non_blocking) {
   device_ = device;
 }
 
-std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLanguageInputs& in) const {
+std::shared_ptr<const Context> ForConditionalGeneration::context(
+    const VisionLanguageInputs& in, const parallel::ContextParallelGroup* cp) const {
   auto c = std::make_shared<Context>();
   std::vector<at::Tensor> pixels, grids;
   if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
@@ -338,8 +348,23 @@ std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLan
     c->video_tokens = video.sum().item<int64_t>();
     c->image_mask = image.unsqueeze(-1).to(device_);
     c->video_mask = video.unsqueeze(-1).to(device_);
+    int64_t tokens = rows * length;
+    if (cp && cp->enabled()) {
+      // Every packed sample (or row) causal on its own, its tokens split over the cp ranks.
+      std::vector<int64_t> lengths;
+      for (size_t i = 0; i + 1 < c->cu_seqlens.size(); ++i)
+        lengths.push_back(c->cu_seqlens[i + 1] - c->cu_seqlens[i]);
+      c->text_shard =
+          parallel::context_shard(*cp, lengths, /*causal=*/true, tp_.sequence_parallel ? tp_.size() : 1);
+      c->context_parallel.attention = parallel::context_attention_plan(c->text_shard, c->cu_seqlens);
+      c->context_parallel.linear = linear_context_parallel(c->text_shard);
+      c->cos = c->text_shard.scatter(c->cos);
+      c->sin = c->text_shard.scatter(c->sin);
+      c->real_tokens = c->text_shard.scatter(c->real_tokens.to(at::kFloat)).ne(0);
+      tokens = c->text_shard.local_length;
+    }
     // Sequence parallelism: the padding a sample of its own; each rank's router counts its chunk.
-    c->chunks = parallel::sequence_chunks(tp_, rows * length);
+    c->chunks = parallel::sequence_chunks(tp_, tokens);
     parallel::pad_sequence_tables(c->chunks, 0, c->cos, c->sin, {&c->cu_seqlens});
     if (c->chunks.split) {
       const int64_t chunk = c->chunks.padded / tp_.size();
@@ -354,9 +379,7 @@ std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLan
 
 std::shared_ptr<const VisionLanguageContext> ForConditionalGeneration::sharded_context(
     const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const {
-  if (cp.enabled())
-    throw ConfigError("parallel.cp: Qwen3.5 does not run under context parallelism in this version of Loom");
-  return context(inputs);
+  return context(inputs, &cp);
 }
 
 at::Tensor ForConditionalGeneration::position_ids(const VisionLanguageInputs& inputs) const {

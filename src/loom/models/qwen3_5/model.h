@@ -45,6 +45,9 @@ struct Context : VisionLanguageContext {
   // regions. cos, sin and cu_seqlens then cover the padded length (the padding a sample of its
   // own), and real_tokens this rank's chunk.
   parallel::SequenceChunks chunks;
+  // Context parallelism (text_shard.enabled()): how the layers run over this rank's shard; cos, sin and
+  // real_tokens are then the shard's.
+  ContextParallelPass context_parallel;
   // The vision tower's rows: the images', then the videos'.
   at::Tensor pixel_values, grid_thw;
   std::vector<int64_t> vision_cu;  // each frame's rows, an attention segment
@@ -64,7 +67,10 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
  public:
   ForConditionalGeneration(const Config& config, const parallel::ParamOptions& options);
 
-  std::shared_ptr<const Context> context(const VisionLanguageInputs& inputs) const;
+  // `cp` (enabled): each rank's layers see its shard of the tokens (text_shard); the vision tower
+  // runs whole on every rank.
+  std::shared_ptr<const Context> context(const VisionLanguageInputs& inputs,
+                                         const parallel::ContextParallelGroup* cp = nullptr) const;
   std::shared_ptr<const VisionLanguageContext> sharded_context(
       const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const override;
   at::Tensor image_embeddings(const at::Tensor& pixel_values,

@@ -62,10 +62,12 @@ Family qwen3_5_family(const char* name) {
                            int64_t world_size) {
     const Config c = qwen3_5::parse_config(hf, source);
     const config::ParallelSection& p = job.parallel;
-    if (p.cp > 1)
+    if (p.cp_ulysses > 1)
       throw ConfigError(
-          "parallel.cp: Qwen3.5 does not run under context parallelism in this version of Loom (data, "
-          "tensor, sequence and pipeline parallelism do)");
+          fmt::format("parallel.cp_ulysses={}: Qwen3.5's linear-attention layers pass their state along a "
+                      "ring of ranks; this version of Loom runs its context parallelism as a ring only "
+                      "(cp_ulysses 1)",
+                      p.cp_ulysses));
     if (p.vision_tp > 1)
       throw ConfigError(fmt::format(
           "parallel.vision_tp={}: Qwen3.5's vision tower is whole on every tensor-parallel rank in "

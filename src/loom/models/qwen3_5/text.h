@@ -90,12 +90,19 @@ at::Tensor load_balancing_loss(const RoutingCounts& pooled);
 // The same over every MoE layer's router logits (T, E), every token counted.
 at::Tensor load_balancing_loss(const std::vector<at::Tensor>& router_logits, int64_t top_k);
 
+// Context parallelism: how each kind of layer runs over this rank's shard of the tokens.
+struct ContextParallelPass {
+  parallel::ContextAttention attention;  // the full-attention layers'
+  LinearContextParallel linear;          // the linear-attention layers'
+};
+
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const TextConfig& config, size_t index, const parallel::ParamOptions& options);
-  // x (1, T, hidden) -> (1, T, hidden).
+  // x (1, T, hidden) -> (1, T, hidden); `cp`: x is this rank's context-parallel shard.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens, bool fused, at::Tensor* router_logits) const;
+                     const std::vector<int64_t>& cu_seqlens, bool fused, at::Tensor* router_logits,
+                     const ContextParallelPass* cp = nullptr) const;
   bool linear() const { return static_cast<bool>(linear_attn); }
   std::shared_ptr<ZeroCentredRMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<GatedDeltaNet> linear_attn;
