@@ -289,6 +289,37 @@ TEST(Qwen35Model, ExpertsSavedOneByOneLoadAlike) {
 
 // With output_router_logits (as transformers adds it to the loss), the MoE model's last layer leaves
 // router_aux_loss_coef times transformers' load-balancing loss over every layer's routing.
+// Generation (loom chat, loom generate, the evaluation): the image prompt and a shorter text prompt
+// left-padded into one batch, prefilled, then stepped with the tokens transformers picked. Each
+// step's logits match transformers' greedy generation of each prompt alone, and their argmax is its
+// token (tests/fixtures/qwen3_5/make_generate.py).
+TEST(Qwen35Model, GeneratesAsTransformers) {
+  for (const char* variant : {"dense", "moe"}) {
+    const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/" + variant;
+    const auto loaded = load_model(find_model(dir), dir);
+    const auto& model = dynamic_cast<const ForConditionalGeneration&>(*loaded);
+    const checkpoint::SafetensorsReader f(dir + "/generate.safetensors");
+    const at::Tensor a = f.load("a.input_ids"), b = f.load("b.input_ids");
+    const int64_t pad = a.size(1) - b.size(1);
+    VisionLanguageInputs prompts;
+    prompts.input_ids = at::cat({a, at::cat({at::zeros({1, pad}, at::kLong), b}, 1)});
+    prompts.attention_mask = at::ones({2, a.size(1)}, at::kLong);
+    prompts.attention_mask[1].narrow(0, 0, pad).zero_();
+    prompts.pixel_values = f.load("a.pixel_values");
+    prompts.image_grid_thw = f.load("a.image_grid_thw");
+    const at::Tensor tokens = at::stack({f.load("a.tokens"), f.load("b.tokens")}, 1);  // (steps, 2)
+    const at::Tensor expected = at::stack({f.load("a.logits"), f.load("b.logits")}, 1);  // (steps, 2, vocab)
+    at::NoGradGuard no_grad;
+    const auto decoder = model.decoder();
+    at::Tensor logits = decoder->prefill(prompts);
+    for (int64_t s = 0; s < tokens.size(0); ++s) {
+      EXPECT_LT((logits - expected[s]).abs().max().item<double>(), 1e-4) << variant << " step " << s;
+      EXPECT_TRUE(logits.argmax(-1).equal(tokens[s])) << variant << " step " << s;
+      if (s + 1 < tokens.size(0)) logits = decoder->step(tokens[s]);
+    }
+  }
+}
+
 TEST(Qwen35Model, RouterLossMatchesTransformers) {
   const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/moe";
   NamedModel named = find_model(dir);

@@ -85,7 +85,7 @@ GatedAttention::GatedAttention(const AttentionConfig& c, const parallel::ParamOp
 
 at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                    const std::vector<int64_t>& cu_seqlens,
-                                   const parallel::ContextAttention* cp) const {
+                                   const parallel::ContextAttention* cp, AttentionDecoding* decoding) const {
   const AttentionConfig& c = config;
   const at::Tensor h = q_proj->group().enter(x, 1).squeeze(0);  // (T, hidden)
   const int64_t tokens = h.size(0);
@@ -97,8 +97,33 @@ at::Tensor GatedAttention::forward(const at::Tensor& x, const at::Tensor& cos, c
   q = apply_partial_rotary(q, cos, sin);
   k = apply_partial_rotary(k, cos, sin);
   const at::Tensor v = v_proj->forward(h).view({tokens, local_kv_heads, c.head_dim});
-  const at::Tensor attended =
-      cp ? nn::context_attention(q, k, v, *cp) : nn::segment_attention(q, k, v, cu_seqlens, /*causal=*/true);
+  at::Tensor attended;
+  if (decoding && decoding->step) {
+    std::vector<at::Tensor> rows;
+    for (int64_t r = 0; r < decoding->rows; ++r) {
+      at::Tensor& keys = decoding->keys[r];
+      at::Tensor& values = decoding->values[r];
+      keys = at::cat({keys, k.narrow(0, r, 1)});
+      values = at::cat({values, v.narrow(0, r, 1)});
+      const at::Tensor every =
+          at::ones({1, 1, keys.size(0)}, at::TensorOptions().dtype(at::kBool).device(q.device()));
+      rows.push_back(
+          nn::masked_attention(q.narrow(0, r, 1).unsqueeze(0), keys.unsqueeze(0), values.unsqueeze(0), every)
+              .squeeze(0));
+    }
+    attended = at::constant_pad_nd(at::cat(rows), {0, 0, 0, 0, 0, tokens - decoding->rows});
+  } else {
+    attended = cp ? nn::context_attention(q, k, v, *cp)
+                  : nn::segment_attention(q, k, v, cu_seqlens, /*causal=*/true);
+    if (decoding) {
+      decoding->keys.clear();
+      decoding->values.clear();
+      for (int64_t s = 0; s < decoding->rows; ++s) {
+        decoding->keys.push_back(k.narrow(0, cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s]));
+        decoding->values.push_back(v.narrow(0, cu_seqlens[s], cu_seqlens[s + 1] - cu_seqlens[s]));
+      }
+    }
+  }
   const at::Tensor gated = attended.reshape({tokens, local_heads * c.head_dim}) * at::sigmoid(gate);
   return o_proj->forward(gated.unsqueeze(0), 1);
 }

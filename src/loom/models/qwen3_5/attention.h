@@ -61,6 +61,15 @@ struct AttentionConfig {
   double rms_norm_eps = 1e-6;
 };
 
+// Generation's keys and values of one full-attention layer, each of `rows` samples' own (n, Hkv, D),
+// the samples the first `rows` segments of a prefill's cu_seqlens or the first `rows` tokens of a
+// step (LinearDecoding's layout).
+struct AttentionDecoding {
+  int64_t rows = 0;
+  bool step = false;
+  std::vector<at::Tensor> keys, values;
+};
+
 // Under tensor parallelism each rank holds its share of the query heads (each with its gate) and
 // of the key/value heads (one replicated on several ranks when tp exceeds them).
 class GatedAttention : public torch::nn::Module {
@@ -68,9 +77,11 @@ class GatedAttention : public torch::nn::Module {
   GatedAttention(const AttentionConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), cos and sin (T, rotary_dim), packed samples [cu[i], cu[i+1]) -> (1, T, hidden).
   // `cp`: the tokens are this rank's context-parallel shard, attended as the plan says.
+  // `decoding`: a prefill keeps each sample's keys and values; a step attends each row's token over its
+  // row's (the tokens after the first `rows`, padding, come out as zeros).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens,
-                     const parallel::ContextAttention* cp = nullptr) const;
+                     const std::vector<int64_t>& cu_seqlens, const parallel::ContextAttention* cp = nullptr,
+                     AttentionDecoding* decoding = nullptr) const;
 
   AttentionConfig config;
   int64_t local_heads, local_kv_heads;  // this rank's

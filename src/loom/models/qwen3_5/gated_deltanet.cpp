@@ -202,15 +202,37 @@ std::map<std::string, parallel::ShardLayout> GatedDeltaNet::layouts() const {
 }
 
 at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused,
-                                  const LinearContextParallel* cp) const {
+                                  const LinearContextParallel* cp, LinearDecoding* decoding) const {
   const GatedDeltaNetConfig& c = local;
-  const at::Tensor rows = in_proj_qkv->group().enter(x, 1);
-  const int64_t tokens = rows.size(1);
-  const at::Tensor h = rows.squeeze(0);  // (T, hidden)
+  const at::Tensor entered = in_proj_qkv->group().enter(x, 1);
+  const int64_t tokens = entered.size(1);
+  const at::Tensor h = entered.squeeze(0);  // (T, hidden)
   // q, k and v through the convolution and SiLU, in the model's dtype.
   const at::Tensor projected = in_proj_qkv->forward(h);
-  const at::Tensor mixed = at::silu(cp ? context_parallel_conv1d(projected, conv_weight.squeeze(1), *cp)
-                                       : causal_conv1d(projected, conv_weight.squeeze(1), cu_seqlens));
+  const at::Tensor weight = conv_weight.squeeze(1);  // (C, K)
+  const int64_t halo = c.conv_kernel - 1;
+  const bool step = decoding && decoding->step;
+  at::Tensor convolved;
+  if (step) {
+    // One token a row after the cached rows: the window's weighted sum.
+    const int64_t rows = decoding->rows;
+    const at::Tensor window = at::cat({decoding->conv, projected.narrow(0, 0, rows).unsqueeze(1)}, 1);
+    decoding->conv = window.narrow(1, 1, halo);
+    convolved = at::constant_pad_nd((window * weight.t().unsqueeze(0)).sum(1), {0, 0, 0, tokens - rows});
+  } else {
+    convolved =
+        cp ? context_parallel_conv1d(projected, weight, *cp) : causal_conv1d(projected, weight, cu_seqlens);
+    if (decoding) {  // each sample's last K - 1 rows, zeros before a shorter one's start
+      std::vector<at::Tensor> tails;
+      for (int64_t s = 0; s < decoding->rows; ++s) {
+        const int64_t length = cu_seqlens[s + 1] - cu_seqlens[s], take = std::min(halo, length);
+        tails.push_back(
+            at::constant_pad_nd(projected.narrow(0, cu_seqlens[s + 1] - take, take), {0, 0, halo - take, 0}));
+      }
+      decoding->conv = at::stack(tails);
+    }
+  }
+  const at::Tensor mixed = at::silu(convolved);
   const auto parts = mixed.split_with_sizes({c.key_dim(), c.key_dim(), c.value_dim()}, -1);
   const at::Tensor q = l2_normalize(parts[0].view({tokens, c.num_key_heads, c.key_head_dim}));
   const at::Tensor k = l2_normalize(parts[1].view({tokens, c.num_key_heads, c.key_head_dim}));
@@ -219,9 +241,24 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const std::vector<int64_t
   const at::Tensor g =
       -A_log.to(at::kFloat).exp() * at::softplus(in_proj_a->forward(h).to(at::kFloat) + dt_bias);
   const auto rule = fused ? kernels::delta_rule : kernels::composite_delta_rule;
-  const at::Tensor core = (cp ? context_parallel_delta_rule(rule, q, k, v, g, beta, *cp)
-                              : rule(q, k, v, g, beta, cu_seqlens, {}, {}).out)
-                              .to(x.scalar_type());
+  at::Tensor core;
+  if (step) {  // the recurrent single step, each row a sample from its cached state
+    const int64_t rows = decoding->rows;
+    std::vector<int64_t> each(static_cast<size_t>(rows + 1));
+    for (int64_t r = 0; r <= rows; ++r) each[r] = r;
+    const auto first = [rows](const at::Tensor& t) { return t.narrow(0, 0, rows); };
+    const kernels::DeltaRuleResult result = kernels::recurrent_delta_rule(
+        first(q), first(k), first(v), first(g), first(beta), each, decoding->state);
+    decoding->state = result.final_state;
+    core = at::constant_pad_nd(result.out, {0, 0, 0, 0, 0, tokens - rows});
+  } else if (cp) {
+    core = context_parallel_delta_rule(rule, q, k, v, g, beta, *cp);
+  } else {
+    const kernels::DeltaRuleResult result = rule(q, k, v, g, beta, cu_seqlens, {}, {});
+    core = result.out;
+    if (decoding) decoding->state = result.final_state.narrow(0, 0, decoding->rows);
+  }
+  core = core.to(x.scalar_type());
   const at::Tensor z = in_proj_z->forward(h).view({tokens, c.num_value_heads, c.value_head_dim});
   const at::Tensor normed = gated_rms_norm(core, z, norm_weight, c.rms_norm_eps);
   return out_proj->forward(normed.reshape({1, tokens, c.value_dim()}), 1);

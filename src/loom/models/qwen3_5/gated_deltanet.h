@@ -76,14 +76,26 @@ struct LinearContextParallel {
 // The plan for a causal shard of a ring (Ulysses degree 1; ModelError otherwise).
 LinearContextParallel linear_context_parallel(const parallel::ContextShard& shard);
 
+// Generation's state of one linear-attention layer, for `rows` samples that are the first `rows`
+// segments of the pass's cu_seqlens (a prefill) or its first `rows` tokens, one a sample (a step):
+// the convolution's last K - 1 input rows (rows, K - 1, C) and the delta rule's state
+// (rows, Hv, Dk, Dv) fp32. A prefill sets them; a step reads them, runs one token, and moves them on.
+struct LinearDecoding {
+  int64_t rows = 0;
+  bool step = false;
+  at::Tensor conv, state;
+};
+
 class GatedDeltaNet : public torch::nn::Module, public parallel::Sharded {
  public:
   GatedDeltaNet(const GatedDeltaNetConfig& config, const parallel::ParamOptions& options);
   // x (1, T, hidden), packed samples [cu[i], cu[i+1]) -> (1, T, hidden). `fused`: the delta rule's
   // fused kernel (kernels::delta_rule) rather than its composite.
   // `cp`: the tokens are this rank's context-parallel shard, run as the plan says (cu_seqlens unused).
+  // `decoding`: generation's state, filled by a prefill or read and moved on by a step (whose tokens
+  // after the first `rows`, padding, come out as zeros).
   at::Tensor forward(const at::Tensor& x, const std::vector<int64_t>& cu_seqlens, bool fused = true,
-                     const LinearContextParallel* cp = nullptr) const;
+                     const LinearContextParallel* cp = nullptr, LinearDecoding* decoding = nullptr) const;
   std::map<std::string, parallel::ShardLayout> layouts() const override;  // A_log, dt_bias
 
   GatedDeltaNetConfig config;

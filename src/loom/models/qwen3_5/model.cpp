@@ -138,6 +138,7 @@ class DecoderLayerLayer : public TextLayer {
  public:
   DecoderLayerLayer(size_t index, std::shared_ptr<DecoderLayer> layer, const TextConfig& config)
       : TextLayer(fmt::format("model.language_model.layers.{}", index), layer),
+        index_(index),
         layer_(std::move(layer)),
         routing_(config.moe() && config.output_router_logits),
         top_k_(config.num_experts_per_tok) {}
@@ -147,12 +148,14 @@ class DecoderLayerLayer : public TextLayer {
     at::Tensor router_logits;
     carry.set("hidden", layer_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, nn::fused_kernels(),
                                         routing_ ? &router_logits : nullptr,
-                                        c.text_shard.enabled() ? &c.context_parallel : nullptr));
+                                        c.text_shard.enabled() ? &c.context_parallel : nullptr,
+                                        c.decoding ? &c.decoding->at(index_) : nullptr));
     if (routing_) add_routing(carry, router_logits, c.real_tokens, top_k_);
     return carry;
   }
 
  private:
+  size_t index_;
   std::shared_ptr<DecoderLayer> layer_;
   bool routing_;
   int64_t top_k_;
@@ -302,9 +305,11 @@ void ForConditionalGeneration::to(torch::Device device, bool non_blocking) {
   device_ = device;
 }
 
-std::shared_ptr<const Context> ForConditionalGeneration::context(
-    const VisionLanguageInputs& in, const parallel::ContextParallelGroup* cp) const {
+std::shared_ptr<const Context> ForConditionalGeneration::context(const VisionLanguageInputs& in,
+                                                                 const parallel::ContextParallelGroup* cp,
+                                                                 std::vector<LayerDecoding>* decoding) const {
   auto c = std::make_shared<Context>();
+  c->decoding = decoding;
   std::vector<at::Tensor> pixels, grids;
   if (in.pixel_values.defined() && in.pixel_values.size(0) > 0) {
     pixels.push_back(in.pixel_values);
@@ -414,10 +419,89 @@ at::Tensor ForConditionalGeneration::whole_logits(const at::Tensor& hidden) cons
   return dist::gather_from_region(logits(hidden), tp_.comm, -1);
 }
 
+namespace {
+
+// Left-padded prompts become one packed row of their real tokens, each a sample, whose layers keep
+// their states; each step then runs one token a row, a sample each, at its row's next position (the
+// prompt's largest plus one, then counting up, as transformers' rope deltas give it).
+class Decoder : public VisionLanguageDecoder {
+ public:
+  explicit Decoder(const ForConditionalGeneration& model) : model_(model) {}
+
+  at::Tensor prefill(const VisionLanguageInputs& prompts) override {
+    if (!prompts.cu_seqlens.empty()) throw ModelError("decoding prompts come one per row, not packed");
+    const int64_t rows = prompts.input_ids.size(0), length = prompts.input_ids.size(1);
+    const at::Tensor mask = prompts.attention_mask.defined() ? prompts.attention_mask.to(at::kBool).cpu()
+                                                             : at::ones({rows, length}, at::kBool);
+    VisionLanguageInputs packed = prompts;
+    packed.attention_mask = at::Tensor();
+    std::vector<at::Tensor> real;
+    packed.cu_seqlens = {0};
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t n = mask[r].sum().item<int64_t>();
+      if (n == 0 || !mask[r].narrow(0, length - n, n).all().item<bool>())
+        throw ModelError("decoding prompts must be padded on the left, each with a real token");
+      real.push_back(prompts.input_ids[r].narrow(0, length - n, n).cpu());
+      packed.cu_seqlens.push_back(packed.cu_seqlens.back() + n);
+    }
+    packed.input_ids = at::cat(real).unsqueeze(0);
+    packed.position_ids = rope_position_ids(packed, model_.config);  // (3, 1, T)
+    next_.clear();
+    std::vector<int64_t> last;
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t begin = packed.cu_seqlens[r], n = packed.cu_seqlens[r + 1] - begin;
+      next_.push_back(packed.position_ids.narrow(2, begin, n).max().item<int64_t>() + 1);
+      last.push_back(begin + n - 1);
+    }
+    layers_.assign(model_.language_model->layers.size(), LayerDecoding{});
+    return run(packed, rows, /*step=*/false, last);
+  }
+
+  at::Tensor step(const at::Tensor& tokens) override {
+    if (next_.empty()) throw ModelError("decoding: step() before prefill()");
+    const int64_t rows = tokens.size(0);
+    if (rows != static_cast<int64_t>(next_.size()))
+      throw ModelError(fmt::format("decoding: {} tokens for {} rows", rows, next_.size()));
+    VisionLanguageInputs in;
+    in.input_ids = tokens.to(at::kLong).cpu().view({1, rows});
+    std::vector<int64_t> each;
+    for (int64_t r = 0; r <= rows; ++r) each.push_back(r);
+    in.cu_seqlens = each;
+    in.position_ids = at::tensor(next_, at::kLong).view({1, 1, rows}).expand({3, 1, rows}).contiguous();
+    for (int64_t& position : next_) ++position;
+    each.pop_back();
+    return run(in, rows, /*step=*/true, each);
+  }
+
+ private:
+  // One pass -> the whole logits of the tokens at `last` (B, vocab). The states are dropped when it
+  // throws (a pass cut short leaves the layers uneven).
+  at::Tensor run(const VisionLanguageInputs& in, int64_t rows, bool step, const std::vector<int64_t>& last) {
+    for (LayerDecoding& layer : layers_) {
+      layer.linear.rows = layer.attention.rows = rows;
+      layer.linear.step = layer.attention.step = step;
+    }
+    try {
+      const at::Tensor hidden =
+          core::run_layers(model_.layers(), {}, *model_.context(in, nullptr, &layers_)).get("hidden");
+      const at::Tensor index = at::tensor(last, at::kLong).to(hidden.device());
+      return model_.whole_logits(hidden[0].index_select(0, index)).to(at::kFloat);
+    } catch (...) {
+      next_.clear();
+      layers_.clear();
+      throw;
+    }
+  }
+
+  const ForConditionalGeneration& model_;
+  std::vector<LayerDecoding> layers_;
+  std::vector<int64_t> next_;  // each row's next position
+};
+
+}  // namespace
+
 std::unique_ptr<VisionLanguageDecoder> ForConditionalGeneration::decoder() const {
-  throw ModelError(
-      "generation with Qwen3.5 (loom chat, loom generate) needs the linear-attention layers' "
-      "recurrent and convolution states cached, which this version of Loom does not keep yet");
+  return std::make_unique<Decoder>(*this);
 }
 
 double ForConditionalGeneration::training_flops(const std::vector<int64_t>& sequence_lengths,

@@ -48,6 +48,7 @@ struct Context : VisionLanguageContext {
   // Context parallelism (text_shard.enabled()): how the layers run over this rank's shard; cos, sin and
   // real_tokens are then the shard's.
   ContextParallelPass context_parallel;
+  std::vector<LayerDecoding>* decoding = nullptr;  // a generation pass's layer states
   // The vision tower's rows: the images', then the videos'.
   at::Tensor pixel_values, grid_thw;
   std::vector<int64_t> vision_cu;  // each frame's rows, an attention segment
@@ -69,8 +70,11 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
 
   // `cp` (enabled): each rank's layers see its shard of the tokens (text_shard); the vision tower
   // runs whole on every rank.
+  // `decoding` (one per language-model layer): a generation pass, the samples the packed row's
+  // segments (a prefill) or its tokens (a step; position ids given).
   std::shared_ptr<const Context> context(const VisionLanguageInputs& inputs,
-                                         const parallel::ContextParallelGroup* cp = nullptr) const;
+                                         const parallel::ContextParallelGroup* cp = nullptr,
+                                         std::vector<LayerDecoding>* decoding = nullptr) const;
   std::shared_ptr<const VisionLanguageContext> sharded_context(
       const VisionLanguageInputs& inputs, const parallel::ContextParallelGroup& cp) const override;
   at::Tensor image_embeddings(const at::Tensor& pixel_values,
@@ -82,8 +86,8 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
   const at::Tensor& lm_head_weight() const override;
   const parallel::TensorParallelGroup& llm_tp() const override { return tp_; }
   at::Tensor position_ids(const VisionLanguageInputs& inputs) const override;
-  // Generation needs the linear layers' recurrent and convolution states cached beside the keys and
-  // values, which this version of Loom does not keep yet: a ModelError.
+  // Generation: the prompts' real tokens packed, each a sample; then one token a row, each layer
+  // keeping its rows' convolution and recurrent states (linear attention) or keys and values.
   std::unique_ptr<VisionLanguageDecoder> decoder() const override;
   double training_flops(const std::vector<int64_t>& sequence_lengths,
                         const at::Tensor& image_grid_thw) const override;

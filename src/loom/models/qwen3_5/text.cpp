@@ -126,11 +126,14 @@ DecoderLayer::DecoderLayer(const TextConfig& c, size_t index, const parallel::Pa
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                  const std::vector<int64_t>& cu_seqlens, bool fused,
-                                 at::Tensor* router_logits, const ContextParallelPass* cp) const {
+                                 at::Tensor* router_logits, const ContextParallelPass* cp,
+                                 LayerDecoding* decoding) const {
   const at::Tensor normed = input_layernorm->forward(x);
   const at::Tensor h =
-      x + (linear_attn ? linear_attn->forward(normed, cu_seqlens, fused, cp ? &cp->linear : nullptr)
-                       : self_attn->forward(normed, cos, sin, cu_seqlens, cp ? &cp->attention : nullptr));
+      x + (linear_attn ? linear_attn->forward(normed, cu_seqlens, fused, cp ? &cp->linear : nullptr,
+                                              decoding ? &decoding->linear : nullptr)
+                       : self_attn->forward(normed, cos, sin, cu_seqlens, cp ? &cp->attention : nullptr,
+                                            decoding ? &decoding->attention : nullptr));
   const at::Tensor rows = post_attention_layernorm->forward(h).squeeze(0);
   const at::Tensor out = moe ? moe->forward(rows, router_logits) : mlp->forward(rows);
   return h + out.unsqueeze(0);

@@ -96,13 +96,19 @@ struct ContextParallelPass {
   LinearContextParallel linear;          // the linear-attention layers'
 };
 
+// Generation's state of one layer: its linear-attention or full-attention part's.
+struct LayerDecoding {
+  LinearDecoding linear;
+  AttentionDecoding attention;
+};
+
 class DecoderLayer : public torch::nn::Module {
  public:
   DecoderLayer(const TextConfig& config, size_t index, const parallel::ParamOptions& options);
   // x (1, T, hidden) -> (1, T, hidden); `cp`: x is this rank's context-parallel shard.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                      const std::vector<int64_t>& cu_seqlens, bool fused, at::Tensor* router_logits,
-                     const ContextParallelPass* cp = nullptr) const;
+                     const ContextParallelPass* cp = nullptr, LayerDecoding* decoding = nullptr) const;
   bool linear() const { return static_cast<bool>(linear_attn); }
   std::shared_ptr<ZeroCentredRMSNorm> input_layernorm, post_attention_layernorm;
   std::shared_ptr<GatedDeltaNet> linear_attn;
