@@ -307,7 +307,7 @@ TEST(Qwen35Model, GeneratesAsTransformers) {
     prompts.attention_mask[1].narrow(0, 0, pad).zero_();
     prompts.pixel_values = f.load("a.pixel_values");
     prompts.image_grid_thw = f.load("a.image_grid_thw");
-    const at::Tensor tokens = at::stack({f.load("a.tokens"), f.load("b.tokens")}, 1);  // (steps, 2)
+    const at::Tensor tokens = at::stack({f.load("a.tokens"), f.load("b.tokens")}, 1);    // (steps, 2)
     const at::Tensor expected = at::stack({f.load("a.logits"), f.load("b.logits")}, 1);  // (steps, 2, vocab)
     at::NoGradGuard no_grad;
     const auto decoder = model.decoder();
