@@ -26,6 +26,9 @@ class Model {
   virtual nlohmann::json hf_config() const = 0;
   // Module paths a user may name in model.freeze, for the error that lists them.
   virtual std::vector<std::string> freeze_examples() const = 0;
+  // A mixture-of-experts model's experts per layer, whose routed tokens each training step reports
+  // (ForwardResult::expert_tokens); 0 for a dense model.
+  virtual int64_t experts() const { return 0; }
 };
 
 }  // namespace loom::core

@@ -18,6 +18,14 @@
 
 namespace loom::train {
 
+void ScheduleResult::add_expert_tokens(const at::Tensor& tokens) {
+  if (!tokens.defined()) return;
+  const at::Tensor counts = tokens.detach().to(at::kDouble).cpu().contiguous();
+  if (expert_tokens.empty()) expert_tokens.assign(static_cast<size_t>(counts.numel()), 0.0);
+  const double* data = counts.data_ptr<double>();
+  for (size_t e = 0; e < expert_tokens.size(); ++e) expert_tokens[e] += data[e];
+}
+
 ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
                                               const std::vector<core::Stage>& stages,
                                               const std::vector<std::shared_ptr<core::MicroBatch>>& batches,
@@ -54,6 +62,7 @@ ScheduleResult forward_backward_no_pipelining(const ForwardStep& forward_step,
     r.tokens += out.tokens;
     r.samples += out.samples;
     r.flops += out.flops;
+    r.add_expert_tokens(out.expert_tokens);
     r.sync_s += sync.end_pass();
   }
   return r;
@@ -138,6 +147,7 @@ ScheduleResult forward_backward_pipelined(const ForwardStep& forward_step,
           r.tokens += out.tokens;
           r.samples += out.samples;
           r.flops += out.flops;
+          r.add_expert_tokens(out.expert_tokens);
         } else {
           pass.output = std::move(out.output);
         }

@@ -31,6 +31,9 @@ struct ScheduleResult {
   // most the step's forwards held at once (every micro-batch in flight on this rank).
   int64_t activation_bytes = 0;
   double receive_wait_s = 0;  // pipeline: waited for the stages before and after (the bubble)
+  std::vector<double>
+      expert_tokens;  // the micro-batches' ForwardResult::expert_tokens added up (empty: none)
+  void add_expert_tokens(const at::Tensor& tokens);
 };
 
 // One stage holding every layer: each micro-batch in turn, forward then backward of its loss sum

@@ -179,11 +179,33 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   stats.grad_sync_s = r.sync_s + sync.reduce();
   if (job_.tools.dump_gradients == step_ + 1) dump_gradients();
   const double counted = plan_.counts_step() ? 1.0 : 0.0;
-  const auto totals = plan_.sum_over_ranks(
-      {r.loss_sum, samples_counted * static_cast<double>(r.tokens),
-       samples_counted * static_cast<double>(r.samples), samples_counted * r.flops,
-       counted * static_cast<double>(step.truncated), counted * static_cast<double>(step.dropped),
-       counted * static_cast<double>(step.skipped)});
+  std::vector<double> values{r.loss_sum,
+                             samples_counted * static_cast<double>(r.tokens),
+                             samples_counted * static_cast<double>(r.samples),
+                             samples_counted * r.flops,
+                             counted * static_cast<double>(step.truncated),
+                             counted * static_cast<double>(step.dropped),
+                             counted * static_cast<double>(step.skipped)};
+  // A mixture of experts: the tokens each expert got (every rank adds as many entries; the stages
+  // without the loss add zeros).
+  const int64_t experts = parts_.model->experts();
+  if (experts > 0) {
+    if (!r.expert_tokens.empty() && static_cast<int64_t>(r.expert_tokens.size()) != experts)
+      throw ModelError(
+          fmt::format("the model routes to {} experts but reports {}", experts, r.expert_tokens.size()));
+    std::vector<double> routed = r.expert_tokens;
+    routed.resize(static_cast<size_t>(experts), 0.0);
+    values.insert(values.end(), routed.begin(), routed.end());
+  }
+  const auto totals = plan_.sum_over_ranks(values);
+  if (experts > 0) {
+    double most = 0, sum = 0;
+    for (int64_t e = 0; e < experts; ++e) {
+      most = std::max(most, totals[7 + e]);
+      sum += totals[7 + e];
+    }
+    if (sum > 0) stats.expert_load = most / (sum / static_cast<double>(experts));
+  }
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
   stats.samples = static_cast<int64_t>(totals[2]);
@@ -337,6 +359,7 @@ std::optional<core::Evaluation> Trainer::train() {
                                {"grad_sync_s", stats.grad_sync_s},
                                {"skipped_nonfinite", skipped_nonfinite_}};
       if (step_data.context_parallel > 0) record["cp"] = step_data.context_parallel;  // picked per step
+      if (stats.expert_load > 0) record["expert_load"] = stats.expert_load;
       metrics->write(record);
     }
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, step_mfu, seconds_since(start));

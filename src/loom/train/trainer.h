@@ -106,6 +106,9 @@ class Trainer {
     double forward_s = 0, backward_s = 0;
     int64_t activation_bytes = 0;  // ScheduleResult's
     double receive_wait_s = 0;     // ScheduleResult's
+    // A mixture of experts: the most tokens an expert got over the mean (every MoE layer's picks
+    // pooled over the step); 1 is an even load. 0 for a dense model.
+    double expert_load = 0;
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while

@@ -59,7 +59,7 @@ class ImageProcessor {
   // own): ConfigError when the family's processor has no such bounds.
   virtual void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) = 0;
   // The built-in sets' images are side x side squares: each is processed whole, as one unit of the
-  // vision tower (ConfigError when `side` is not a multiple of size_multiple()).
+  // vision tower (each family's processor says how it sizes them).
   virtual void set_square_images(int64_t side) = 0;
   // The multiple an image's sides must be for it to be processed at its own size (1: any size).
   virtual int64_t size_multiple() const = 0;

@@ -228,13 +228,13 @@ void Qwen2VLImageProcessor::set_pixel_bounds(int64_t min_pixels, int64_t max_pix
 }
 
 void Qwen2VLImageProcessor::set_square_images(int64_t side) {
+  // The side the resize gives (a multiple of patch x merge, the nearest, as smart_resize rounds), fixed.
   const int64_t multiple = size_multiple();
-  if (side < 1 || side % multiple != 0)
-    throw ConfigError(fmt::format(
-        "data.image_size: {} is not a multiple of {}, the side the model's image processor cuts images "
-        "into (its patch size times its merge size)",
-        side, multiple));
-  options_.min_pixels = options_.max_pixels = side * side;
+  if (side < 1) throw ConfigError(fmt::format("data.image_size: {} is not a positive side", side));
+  const auto nearest =
+      static_cast<int64_t>(std::nearbyint(static_cast<double>(side) / static_cast<double>(multiple)));
+  const int64_t resized = std::max<int64_t>(1, nearest) * multiple;
+  options_.min_pixels = options_.max_pixels = resized * resized;
 }
 
 nlohmann::ordered_json Qwen2VLImageProcessor::preprocessor_config() const {

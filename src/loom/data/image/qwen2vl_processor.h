@@ -76,7 +76,8 @@ class Qwen2VLImageProcessor : public ImageProcessor {
   const ImageBlock& block() const override;
   void set_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
   void set_video_pixel_bounds(int64_t min_pixels, int64_t max_pixels) override;
-  // At side x side: min_pixels = max_pixels = side^2.
+  // Resized to the nearest multiple of patch x merge (56 -> 56 at Qwen2-VL's 28, 64 at Qwen3.5's 32):
+  // min_pixels = max_pixels = that side squared.
   void set_square_images(int64_t side) override;
   int64_t size_multiple() const override { return options_.patch_size * options_.merge_size; }
   // Its settings, with both the older (min_pixels, max_pixels) and the newer (shortest_edge,

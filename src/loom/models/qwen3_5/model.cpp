@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "loom/checkpoint/hf_export.h"
 #include "loom/dist/mappings.h"
 #include "loom/nn/fused.h"
@@ -140,7 +142,8 @@ class DecoderLayerLayer : public TextLayer {
       : TextLayer(fmt::format("model.language_model.layers.{}", index), layer),
         index_(index),
         layer_(std::move(layer)),
-        routing_(config.moe() && config.output_router_logits),
+        routing_(config.moe()),
+        differentiable_(config.output_router_logits),
         top_k_(config.num_experts_per_tok) {}
   bool block() const override { return true; }
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
@@ -150,14 +153,19 @@ class DecoderLayerLayer : public TextLayer {
                                         routing_ ? &router_logits : nullptr,
                                         c.text_shard.enabled() ? &c.context_parallel : nullptr,
                                         c.decoding ? &c.decoding->at(index_) : nullptr));
-    if (routing_) add_routing(carry, router_logits, c.real_tokens, top_k_);
+    if (routing_) {
+      // Without the router loss the counts are only reported: no gradient.
+      std::optional<at::NoGradGuard> report_only;
+      if (!differentiable_) report_only.emplace();
+      add_routing(carry, router_logits, c.real_tokens, top_k_);
+    }
     return carry;
   }
 
  private:
   size_t index_;
   std::shared_ptr<DecoderLayer> layer_;
-  bool routing_;
+  bool routing_, differentiable_;
   int64_t top_k_;
 };
 
@@ -168,6 +176,7 @@ class NormLayer : public TextLayer {
       : TextLayer("model.language_model.norm", norm),
         norm_(std::move(norm)),
         coefficient_(config.router_aux_loss_coef),
+        aux_loss_(config.output_router_logits),
         tp_(tp) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
@@ -181,12 +190,15 @@ class NormLayer : public TextLayer {
       // share one loss (each its own copy); context-parallel ranks add theirs, so each takes 1/cp of it
       // and its counts' gradient sums the ranks'.
       const auto& cp = c.text_shard.group;
-      for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows}) {
+      for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
         if (c.chunks.split) *count = dist::reduce_from_region(*count, tp_.comm);
-        if (c.text_shard.enabled()) *count = dist::sum_over_region(*count, cp.cp);
+      carry.set("expert_tokens", pooled.picks.detach());  // the step's report of the experts' load
+      if (aux_loss_) {
+        for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
+          if (c.text_shard.enabled()) *count = dist::sum_over_region(*count, cp.cp);
+        const double share = c.text_shard.enabled() ? 1.0 / static_cast<double>(cp.size()) : 1.0;
+        carry.set("aux_loss", coefficient_ * share * load_balancing_loss(pooled));
       }
-      const double share = c.text_shard.enabled() ? 1.0 / static_cast<double>(cp.size()) : 1.0;
-      carry.set("aux_loss", coefficient_ * share * load_balancing_loss(pooled));
     }
     return carry;
   }
@@ -194,6 +206,7 @@ class NormLayer : public TextLayer {
  private:
   std::shared_ptr<ZeroCentredRMSNorm> norm_;
   double coefficient_;
+  bool aux_loss_;
   parallel::TensorParallelGroup tp_;
 };
 

@@ -10,10 +10,11 @@
 //   model.language_model.layers.<i>    hidden -> hidden (Gated DeltaNet or gated attention; dense or MoE)
 //   model.language_model.norm       hidden -> hidden
 //
-// A MoE model whose config asks for the router logits (output_router_logits) also carries each
-// layer's routing counts (router_picks, router_probabilities, router_rows: the top-k picks and the
-// routing probabilities summed over the real tokens, and their count) to the norm, which turns them
-// into aux_loss: router_aux_loss_coef times transformers' load-balancing loss over every layer.
+// A MoE model also carries each layer's routing counts (router_picks, router_probabilities,
+// router_rows: the top-k picks and the routing probabilities summed over the real tokens, and their
+// count) to the norm, which reports the picks (expert_tokens: the step's experts' load) and, when the
+// config asks for the router logits (output_router_logits), turns them into aux_loss:
+// router_aux_loss_coef times transformers' load-balancing loss over every layer.
 //
 // The language model runs on one packed row: a batch's rows are laid end to end, each a sample of
 // its own (or the given cu_seqlens' samples), so the convolution, the delta rule's state and
@@ -96,6 +97,7 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
   int64_t hidden_size() const override { return config.text.hidden_size; }
   int64_t max_position_embeddings() const override { return config.max_position_embeddings; }
   int64_t bos_token_id() const override { return config.bos_token_id; }
+  int64_t experts() const override { return config.text.num_experts; }
 
   using torch::nn::Module::to;
   void to(torch::Device device, bool non_blocking = false) override;

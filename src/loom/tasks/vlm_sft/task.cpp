@@ -232,6 +232,7 @@ core::ForwardResult VlmSftTask::forward(const core::MicroBatch& micro, const cor
     out.loss_sum = token_loss_sum(*model_, carry.get("hidden"), batch.labels);
   else
     out.output = std::move(carry);
+  if (stage.last && carry.has("expert_tokens")) out.expert_tokens = carry.get("expert_tokens");
   if (stage.last && carry.has("aux_loss")) {
     // A model's own loss beside the tokens' (a router's load balancing, already times its
     // coefficient), once per micro-batch: weighted by its target tokens, so the step's mean over
