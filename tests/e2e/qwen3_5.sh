@@ -1,6 +1,7 @@
 # Qwen3.5 trains as transformers computes it, and under data parallelism as in one process:
 # - a tiny random dense Qwen3.5 made by transformers (the test ChatML tokenizer's vocabulary and vision
-#   tokens) trains from its weights (model.init_from) on image conversations; its first step's loss
+#   tokens) trains from its weights (model.init_from) on conversations with images and with videos
+#   (frame lists of 6, 5, 2 and 1 frames, each temporal patch after its time); its first step's loss
 #   equals transformers' loss on the same exported batches (each row alone, padding masked) within 1e-5;
 # - 20 packed steps under dp=2, ZeRO-1, FSDP, pp=2 (cut between a linear-attention and a
 #   full-attention layer), tp=2 and tp=2 with sequence parallelism give one process's losses within
@@ -11,16 +12,16 @@
 #   loaded from transformers' save_pretrained (the experts one by one);
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
-#   makes its processor.
+#   makes its processor, whose video processor has the clip bounds the run trained with.
 source "$(dirname "$0")/lib.bash"
 FIX="$SRC/tests/fixtures/conversations"
 Q35="$SRC/tests/fixtures/qwen3_5"
-python3 - "$Q35" "$WORK" <<'PY' || fail "making the HF models"
+python3 - "$Q35" "$WORK" "$SRC/tests/fixtures/hf-qwen2-vl-video" <<'PY' || fail "making the HF models"
 import json, sys
 import torch
 from safetensors.torch import save_file
 import transformers
-q35, work = sys.argv[1:]
+q35, work = sys.argv[1:3]
 for variant, cls in (("dense", transformers.Qwen3_5ForConditionalGeneration),
                      ("moe", transformers.Qwen3_5MoeForConditionalGeneration)):
     config = json.load(open(f"{q35}/{variant}/config.json"))
@@ -46,25 +47,43 @@ for variant, cls in (("dense", transformers.Qwen3_5ForConditionalGeneration),
 rows = [{"messages": [{"role": "user", "content": "<image>What colour" + "?" * (i % 3)},
                       {"role": "assistant", "content": ["red", "blue", "a grey square"][i % 3]}],
          "images": [f"{q35}/dense/image.png"]} for i in range(16)]
+with open(f"{work}/train-images.jsonl", "w") as f:
+    for row in rows:
+        f.write(json.dumps(row) + "\n")
+# Videos as frame lists (6 frames, 5 (the last repeated), 2 and 1), each temporal patch a block of its
+# own after its time, among the images.
+vid = sys.argv[3]
+six = [f"{vid}/qwen2_vl/frame_00{i}.png" for i in range(6)]
+five = [f"{vid}/qwen2_5_vl/frame_00{i}.png" for i in range(5)]
+for at, frames, question, answer in ((1, six, "What moves?", "a shape"), (6, five, "Which way?", "left"),
+                                     (9, six[:2], "Two frames?", "yes"), (13, five[4:], "One frame?", "still")):
+    rows[at] = {"messages": [{"role": "user", "content": "<video>" + question},
+                             {"role": "assistant", "content": answer}], "videos": [frames]}
 with open(f"{work}/train.jsonl", "w") as f:
     for row in rows:
         f.write(json.dumps(row) + "\n")
 PY
-# The models' weights are drawn at 0.1 (activations far from the defaults'), so lr 5e-4 keeps 20 Adam
-# steps where the layouts' other summation orders stay near rounding (at 1e-3, tp=2 drifted to
-# 1.0e-5 to 1.7e-5 by step 20 while agreeing at step 1 within 6e-8).
+# The MoE model trains on the image conversations only: top-k routing is discontinuous, and among the
+# videos' extra tokens one whose router probabilities nearly tie picks another expert under another
+# summation order (dp=2, step 9: one pick of one token, a 6.4e-5 loss difference that step).
+# The models' weights are drawn at 0.1 (activations far from the defaults'), so lr 1e-4 keeps 20 Adam
+# steps where the layouts' other summation orders stay near rounding: at 5e-4, tp=2 drifted to 1.1e-4
+# by step 20 while agreeing at step 1 within 5e-8 (at 1e-4: 6e-7 over the 20 steps).
 job() {  # variant, packing
   cat <<YAML
 model: {family: qwen3_5$( [ "$1" = moe ] && echo _moe ), init_from: $WORK/init-$1}
 data:
   dataset: messages
   tokenizer: $FIX/chatml_bpe_tokenizer.json
-  datasets: [{path: $WORK/train.jsonl}]
+  datasets: [{path: $WORK/$( [ "$1" = moe ] && echo train-images || echo train ).jsonl}]
   packing: $2
   min_pixels: 1024
   max_pixels: 8192
+  video_min_pixels: 4096          # a clip's pixels, every frame's together
+  video_max_pixels: 16384
+  video_fps: 2
   num_workers: 1
-training: {steps: 20, global_batch_size: 4, micro_batch_size: 2, lr: 5.0e-4, warmup_steps: 2, precision: fp32,
+training: {steps: 20, global_batch_size: 4, micro_batch_size: 2, lr: 1.0e-4, warmup_steps: 2, precision: fp32,
            threads: 1, eval_every: 0, save_every: 0}
 tools: {log_every: 1, progress_bar: false}
 YAML
@@ -85,19 +104,33 @@ batch = load_file(f"{work}/export/steps/step-000001.safetensors")
 total, count = 0.0, 0
 for m in sorted({k.split(".")[0] for k in batch}):
     ids, labels, mask = batch[f"{m}.input_ids"], batch[f"{m}.labels"], batch[f"{m}.attention_mask"]
-    pixels, grids = batch[f"{m}.pixel_values"], batch[f"{m}.image_grid_thw"]
-    image = 0
+    pixels, grids = batch.get(f"{m}.pixel_values"), batch.get(f"{m}.image_grid_thw")
+    video_pixels, video_grids = batch.get(f"{m}.pixel_values_videos"), batch.get(f"{m}.video_grid_thw")
+    image = video = 0
     for r in range(ids.shape[0]):  # each row alone, its padding cut
         n = int(mask[r].sum())
         row = ids[r:r + 1, :n]
-        images = int((row == 263).sum())  # one <|vision_start|> per image
-        rows = int(grids[image:image + images].prod(-1).sum())
-        start = int(grids[:image].prod(-1).sum())
-        types = (row == 265).long()
+        starts = row[0, :-1] == 263
+        images = int((starts & (row[0, 1:] == 265)).sum())  # <|vision_start|><|image_pad|>: an image
+        blocks = int((starts & (row[0, 1:] == 266)).sum())  # a video's temporal patch
+        kwargs = {}
+        if images:
+            start, rows = int(grids[:image].prod(-1).sum()), int(grids[image:image + images].prod(-1).sum())
+            kwargs.update(pixel_values=pixels[start:start + rows], image_grid_thw=grids[image:image + images])
+            image += images
+        if blocks:
+            videos = patches = 0
+            while patches < blocks:
+                patches += int(video_grids[video + videos][0])
+                videos += 1
+            start = int(video_grids[:video].prod(-1).sum())
+            rows = int(video_grids[video:video + videos].prod(-1).sum())
+            kwargs.update(pixel_values_videos=video_pixels[start:start + rows],
+                          video_grid_thw=video_grids[video:video + videos])
+            video += videos
+        types = (row == 265).long() + 2 * (row == 266).long()
         with torch.no_grad():
-            logits = model(input_ids=row, mm_token_type_ids=types, pixel_values=pixels[start:start + rows],
-                           image_grid_thw=grids[image:image + images]).logits[0]
-        image += images
+            logits = model(input_ids=row, mm_token_type_ids=types, **kwargs).logits[0]
         target = labels[r, 1:n]
         keep = target != -100
         total += torch.nn.functional.cross_entropy(logits[:-1][keep].double(), target[keep], reduction="sum").item()
@@ -166,6 +199,10 @@ import transformers
 model, info = transformers.Qwen3_5ForConditionalGeneration.from_pretrained(sys.argv[1], output_loading_info=True)
 assert not any(info.values()), info
 processor = transformers.AutoProcessor.from_pretrained(sys.argv[1])
-print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__}")
+video = processor.video_processor  # the clip bounds it trained with
+assert type(video).__name__ == "Qwen3VLVideoProcessor", type(video).__name__
+assert (video.size["shortest_edge"], video.size["longest_edge"]) == (4096, 16384), video.size
+print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__} with "
+      f"{type(video).__name__} at the clip bounds it trained with")
 PY
 echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, and its cp=2 x tp=2 + SP) match one process"

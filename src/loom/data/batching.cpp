@@ -22,6 +22,8 @@ bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision
   if (static_cast<int64_t>(ids.size()) <= max_len) return false;
   int64_t cut = std::max<int64_t>(max_len, 0);
   size_t kept_images = 0, kept_videos = 0;
+  // A video of several blocks being read: the blocks seen, and where its first began.
+  int64_t video_blocks = 0, video_begin = 0;
   for (int64_t i = 0; i < cut; ++i) {
     if (ids[i] != vision_start_id) continue;
     const auto end = std::find(ids.begin() + i, ids.end(), vision_end_id);
@@ -29,12 +31,22 @@ bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision
       cut = i;
       break;
     }
-    if (i + 1 < cut && ids[i + 1] == video_pad_id)
-      ++kept_videos;
-    else
+    if (i + 1 < cut && ids[i + 1] == video_pad_id) {
+      // One block for the video, or one per temporal patch.
+      const VisionInput& video = example.videos.at(kept_videos);
+      const int64_t pads = end - ids.begin() - i - 1;
+      const int64_t blocks = pads == video.tokens ? 1 : video.grid_thw[0];
+      if (video_blocks == 0) video_begin = i;
+      if (++video_blocks == blocks) {
+        ++kept_videos;
+        video_blocks = 0;
+      }
+    } else {
       ++kept_images;
+    }
     i = end - ids.begin();
   }
+  if (video_blocks > 0) cut = std::min(cut, video_begin);  // a video split by the cut goes whole
   example.input_ids.resize(cut);
   example.labels.resize(cut);
   if (example.images.size() > kept_images) example.images.resize(kept_images);

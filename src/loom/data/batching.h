@@ -18,8 +18,10 @@ SampleCost cost_of(const TokenizedExample& example);
 
 // Cuts an example to at most max_len tokens without splitting an image: when the cut falls inside
 // a <|vision_start|> ... <|vision_end|> block, it moves to before the block, and the images (and
-// videos: blocks whose first pad is video_pad_id) of removed blocks go too. Labels are cut with the
-// ids. Returns false (example unchanged) when it already fits.
+// videos: blocks whose first pad is video_pad_id) of removed blocks go too. A video written as a block
+// per temporal patch (each after its time) stays whole or goes whole: the cut moves to before its
+// first block (its first time's text is then the example's last). Labels are cut with the ids.
+// Returns false (example unchanged) when it already fits.
 bool truncate_example(TokenizedExample& example, int64_t max_len, int64_t vision_start_id,
                       int64_t vision_end_id, int64_t video_pad_id = -1);
 

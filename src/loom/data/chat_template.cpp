@@ -170,10 +170,25 @@ ConversationExample ChatTemplate::render(const std::vector<Message>& messages, s
         const bool is_video = at == at_video;
         out.text(content.substr(from, at - from));
         if (!options_.processor) throw DataError("an image placeholder in a chat without an image processor");
-        const int64_t tokens = is_video ? videos.at(video++).tokens : images.at(image++).tokens;
-        out.special(block_start_);
-        for (int64_t t = 0; t < tokens; ++t) out.special(is_video ? video_pad_ : block_pad_);
-        out.special(block_end_);
+        const VisionInput& item = is_video ? videos.at(video++) : images.at(image++);
+        if (is_video && options_.processor->block().video_timestamps) {
+          // Each temporal patch after its time, a block of its own.
+          const int64_t patches = item.grid_thw[0];
+          if (static_cast<int64_t>(item.timestamps.size()) != patches || patches < 1 ||
+              item.tokens % patches != 0)
+            throw DataError(fmt::format("a video of {} temporal patches comes with {} timestamps", patches,
+                                        item.timestamps.size()));
+          for (int64_t t = 0; t < patches; ++t) {
+            out.text(fmt::format("<{:.1f} seconds>", item.timestamps[t]));
+            out.special(block_start_);
+            for (int64_t i = 0; i < item.tokens / patches; ++i) out.special(video_pad_);
+            out.special(block_end_);
+          }
+        } else {
+          out.special(block_start_);
+          for (int64_t t = 0; t < item.tokens; ++t) out.special(is_video ? video_pad_ : block_pad_);
+          out.special(block_end_);
+        }
         from = at + (is_video ? video_placeholder : image_placeholder).size();
       }
       out.text(content.substr(from));

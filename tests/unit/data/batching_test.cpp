@@ -151,6 +151,34 @@ TEST(TruncateExample, CutsTextAndNeverSplitsAnImage) {
   EXPECT_TRUE(first.images.empty());
 }
 
+TEST(TruncateExample, AVideoOfABlockPerTemporalPatchGoesWhole) {
+  // ids: 1 [3 6 6 4] 1 [3 5 4] 9 [3 6 4] 9 [3 6 4] 1 ; 3 = vision start, 4 = vision end, 5 = image pad,
+  // 6 = video pad: a one-block video of 2 tokens, an image, then a video of two temporal patches,
+  // each after its time (9).
+  TokenizedExample ex;
+  ex.input_ids = {1, 3, 6, 6, 4, 1, 3, 5, 4, 9, 3, 6, 4, 9, 3, 6, 4, 1};
+  ex.labels.assign(ex.input_ids.size(), -100);
+  ex.images.resize(1);
+  ex.images[0].grid_thw = {1, 2, 2};
+  ex.videos.resize(2);
+  ex.videos[0].grid_thw = {1, 2, 4};
+  ex.videos[0].tokens = 2;
+  ex.videos[1].grid_thw = {2, 2, 2};
+  ex.videos[1].tokens = 2;
+
+  TokenizedExample split = ex;  // a cut at 15 keeps the first patch of the second video: it goes whole
+  EXPECT_TRUE(truncate_example(split, 15, 3, 4, 6));
+  EXPECT_EQ(split.input_ids, (std::vector<int64_t>{1, 3, 6, 6, 4, 1, 3, 5, 4, 9}));
+  EXPECT_EQ(split.images.size(), 1u);
+  ASSERT_EQ(split.videos.size(), 1u);
+  EXPECT_EQ(split.videos[0].grid_thw, (std::array<int64_t, 3>{1, 2, 4}));
+
+  TokenizedExample whole = ex;  // a cut at 17 keeps both videos
+  EXPECT_TRUE(truncate_example(whole, 17, 3, 4, 6));
+  EXPECT_EQ(whole.input_ids.size(), 17u);
+  EXPECT_EQ(whole.videos.size(), 2u);
+}
+
 // The smallest divisor of cp whose ranks hold the longest sample within the budget each and whose
 // groups each get a sample; 0 when cp ranks cannot.
 TEST(ContextDegree, SmallestDivisorThatHoldsTheLongestSample) {

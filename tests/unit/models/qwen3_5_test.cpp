@@ -4,6 +4,7 @@
 // and the composite; and the convolution's sample boundaries.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -11,7 +12,9 @@
 
 #include "../checkpoint/temp_dir.h"
 #include "loom/checkpoint/safetensors.h"
+#include "loom/data/chat_template.h"
 #include "loom/data/image/decode.h"
+#include "loom/data/tokenizer/tokenizer.h"
 #include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
 #include "loom/models/qwen3_5/model.h"
@@ -355,7 +358,59 @@ TEST(Qwen35Model, ProcessorMatchesTransformers) {
   EXPECT_TRUE(image.grid_thw == (std::array<int64_t, 3>{1, 4, 6}));
   EXPECT_LT((image.pixel_values - f.load("image.pixel_values")).abs().max().item<double>(), 1e-5);
   EXPECT_EQ(processor->default_system(), "");
-  EXPECT_FALSE(processor->takes_videos());
+  EXPECT_TRUE(processor->takes_videos());
+}
+
+// Videos as transformers' Qwen3VLVideoProcessor and Qwen3VLProcessor make them
+// (tests/fixtures/qwen3_5/make_video.py): for clips of 4, 5 (the last frame repeated) and 2 frames,
+// under bounds that keep, shrink and grow them, the pixel values within 1e-5 and the grid exactly;
+// a user turn "<video>What moves?" holds transformers' ids (each temporal patch after its
+// "<t.t seconds>", a block of its own). The clip bounds default to the video processor's.
+TEST(Qwen35Processor, VideosMatchTransformers) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/dense";
+  const NamedModel named = find_model(dir);
+  const checkpoint::SafetensorsReader f(std::string(LOOM_SOURCE_DIR) +
+                                        "/tests/fixtures/qwen3_5/video.safetensors");
+  const auto defaults = make_processor(named.family->name, named.hf, named.source, dir);
+  const nlohmann::ordered_json config = defaults->video_preprocessor_config();
+  EXPECT_EQ(config["video_processor_type"], "Qwen3VLVideoProcessor");
+  EXPECT_EQ(config["size"]["shortest_edge"].get<int64_t>(), f.load("defaults")[0].item<int64_t>());
+  EXPECT_EQ(config["size"]["longest_edge"].get<int64_t>(), f.load("defaults")[1].item<int64_t>());
+  const auto tokenizer = data::load_tokenizer(std::string(LOOM_SOURCE_DIR) +
+                                              "/tests/fixtures/conversations/chatml_bpe_tokenizer.json");
+  for (const std::string clip : {"four", "odd", "two"}) {
+    auto processor = make_processor(named.family->name, named.hf, named.source, dir);
+    const at::Tensor bounds = f.load(clip + ".bounds");
+    processor->set_video_pixel_bounds(bounds[0].item<int64_t>(), bounds[1].item<int64_t>());
+    const at::Tensor pixels = f.load(clip + ".frames").contiguous();  // (n, H, W, 3) uint8
+    std::vector<data::Image> frames;
+    for (int64_t i = 0; i < pixels.size(0); ++i) {
+      data::Image frame{static_cast<int>(pixels.size(1)), static_cast<int>(pixels.size(2)), {}};
+      const uint8_t* data = pixels[i].contiguous().data_ptr<uint8_t>();
+      frame.rgb.assign(data, data + pixels[i].numel());
+      frames.push_back(std::move(frame));
+    }
+    const data::VisionInput video = processor->process_video(frames, f.load(clip + ".fps").item<double>());
+    const at::Tensor grid = f.load(clip + ".video_grid_thw")[0];
+    EXPECT_TRUE(video.grid_thw == (std::array<int64_t, 3>{grid[0].item<int64_t>(), grid[1].item<int64_t>(),
+                                                          grid[2].item<int64_t>()}))
+        << clip;
+    ASSERT_EQ(video.pixel_values.sizes(), f.load(clip + ".pixel_values_videos").sizes()) << clip;
+    EXPECT_LT((video.pixel_values - f.load(clip + ".pixel_values_videos")).abs().max().item<double>(), 1e-5)
+        << clip;
+    data::ChatTemplateOptions options;
+    options.processor = std::shared_ptr<const data::ImageProcessor>(processor.get(), [](auto*) {});
+    const data::ChatTemplate chat(*tokenizer, options);
+    data::Conversation conversation;
+    conversation.messages = {{data::Role::user, "<video>What moves?"}, {data::Role::assistant, "a square"}};
+    conversation.videos.resize(1);
+    const std::vector<int64_t> ids = chat.apply(conversation, {}, {video}).input_ids;
+    const at::Tensor expected_tensor = f.load(clip + ".input_ids");
+    const std::vector<int64_t> expected(expected_tensor.data_ptr<int64_t>(),
+                                        expected_tensor.data_ptr<int64_t>() + expected_tensor.numel());
+    EXPECT_NE(std::search(ids.begin(), ids.end(), expected.begin(), expected.end()), ids.end())
+        << clip << ": " << tokenizer->decode(ids);
+  }
 }
 
 TEST(Qwen35GatedDeltaNet, ConvolutionStartsAfreshAtEachSample) {

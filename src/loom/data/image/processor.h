@@ -19,6 +19,9 @@ struct VisionInput {
   std::array<int64_t, 3> grid_thw;  // the grid those rows form, as the family reads it
   int64_t tokens = 0;               // the image's feature tokens in the text (its block's pads)
   double second_per_grid = 0;       // a video's seconds per temporal patch; 0 for an image
+  // A video whose family writes each temporal patch as a block of its own after its time (Qwen3.5):
+  // each temporal patch's seconds (its frames' mean); empty otherwise.
+  std::vector<double> timestamps;
 };
 
 // The tokens an image is written with in the text: `start`, `tokens` times `pad` (the positions its
@@ -28,6 +31,9 @@ struct ImageBlock {
   std::string start, pad, end;
   std::string in_template;  // empty: start, pad and end
   std::string video_pad;    // a video's block is start, its tokens times video_pad, end; empty: no videos
+  // A video's temporal patches each their own block, after its time as "<t.t seconds>" (the video's
+  // VisionInput::timestamps), rather than one block for the whole video.
+  bool video_timestamps = false;
 
   std::string template_text() const { return in_template.empty() ? start + pad + end : in_template; }
 };

@@ -86,7 +86,7 @@ at::Tensor normalized_planes(const Image& image, const GridSize& size, const Qwe
 }  // namespace
 
 VisionInput qwen2vl_process_frames(const std::vector<Image>& frames, double fps,
-                                   const Qwen2VLImageOptions& options, bool video) {
+                                   const Qwen2VLImageOptions& options, bool video, const GridSize* given) {
   const int64_t p = options.patch_size;
   const int64_t m = options.merge_size;
   const int64_t T = options.temporal_patch_size;
@@ -107,7 +107,12 @@ VisionInput qwen2vl_process_frames(const std::vector<Image>& frames, double fps,
   if (first.height <= 0 || first.width <= 0)
     throw DataError(fmt::format("qwen2vl image processor: a frame is {}x{}", first.height, first.width));
   // Every frame takes the size the first one gives.
-  const GridSize size = smart_resize(first.height, first.width, p * m, min_pixels, max_pixels);
+  const GridSize size =
+      given ? *given : smart_resize(first.height, first.width, p * m, min_pixels, max_pixels);
+  if (size.height % (p * m) != 0 || size.width % (p * m) != 0 || size.height <= 0 || size.width <= 0)
+    throw DataError(
+        fmt::format("qwen2vl image processor: a {}x{} size is not cut into {}-pixel merged patches",
+                    size.height, size.width, p * m));
   std::vector<at::Tensor> planes;
   for (const Image& frame : frames) planes.push_back(normalized_planes(frame, size, options));
   // The last frame is repeated to fill the last temporal patch (a still image fills one).

@@ -49,8 +49,10 @@ VisionInput qwen2vl_process_image(const Image& image, const Qwen2VLImageOptions&
 // multiple of temporal_patch_size, each temporal patch's rows in the image layout, patches in time
 // order: grid (frames / T, gh, gw). A video's second_per_grid is temporal_patch_size / fps.
 // DataError for no frames, a frame of no pixels, or a video fps that is not positive.
+// `size`, when given, is the frames' size instead of the one smart_resize gives.
 VisionInput qwen2vl_process_frames(const std::vector<Image>& frames, double fps,
-                                   const Qwen2VLImageOptions& options, bool video);
+                                   const Qwen2VLImageOptions& options, bool video,
+                                   const GridSize* size = nullptr);
 
 // Number of LLM tokens an image occupies after the merger: gt*gh*gw / merge^2.
 int64_t merged_token_count(const std::array<int64_t, 3>& grid, int64_t merge = 2);
