@@ -103,9 +103,9 @@ data::VisionInput ImageProcessor::process_video(const std::vector<data::Image>& 
         frame.rgb.size() != static_cast<size_t>(frame.height) * static_cast<size_t>(frame.width) * 3)
       throw DataError(fmt::format("Qwen3.5 video processor: a {}x{} frame with {} bytes", frame.height,
                                   frame.width, frame.rgb.size()));
-    const at::Tensor planes = at::from_blob(const_cast<uint8_t*>(frame.rgb.data()), {1, frame.height, frame.width, 3},
-                                            at::kByte)
-                                  .permute({0, 3, 1, 2});
+    const at::Tensor planes =
+        at::from_blob(const_cast<uint8_t*>(frame.rgb.data()), {1, frame.height, frame.width, 3}, at::kByte)
+            .permute({0, 3, 1, 2});
     const at::Tensor scaled =
         at::_upsample_bicubic2d_aa(planes, {size.height, size.width}, /*align_corners=*/false)
             .permute({0, 2, 3, 1})
