@@ -87,6 +87,19 @@ int64_t split_size(int64_t features, int64_t blocks, const TensorParallelGroup& 
 
 }  // namespace
 
+int64_t heads_per_rank(int64_t heads, int64_t tp, const char* option, const char* whose, const char* what) {
+  if (tp < 1 || heads % tp != 0)
+    throw ConfigError(
+        fmt::format("parallel.{}={}: {} {} {} do not split evenly over the tensor-parallel ranks", option, tp,
+                    whose, heads, what));
+  return heads / tp;
+}
+
+int64_t kv_heads_per_rank(int64_t kv_heads, int64_t tp, const char* whose) {
+  if (tp > kv_heads && tp % kv_heads == 0) return 1;
+  return heads_per_rank(kv_heads, tp, "tp", whose, "key/value heads");
+}
+
 ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts, int64_t chunks) {
   ShardLayout layout;
   layout.dim = dim;

@@ -81,6 +81,14 @@ class Sharded {
   virtual std::map<std::string, ShardLayout> layouts() const = 0;
 };
 
+// The heads each rank of a tensor-parallel group of `tp` holds: heads / tp. ConfigError when tp does
+// not divide them: "parallel.<option>=<tp>: <whose> <heads> <what> do not split evenly over the
+// tensor-parallel ranks".
+int64_t heads_per_rank(int64_t heads, int64_t tp, const char* option, const char* whose, const char* what);
+// Key/value heads per rank: an equal share, or one when tp is a multiple of them (each kv head
+// replicated on the tp / kv ranks whose query heads read it); heads_per_rank's error otherwise.
+int64_t kv_heads_per_rank(int64_t kv_heads, int64_t tp, const char* whose);
+
 // A parameter cut along `dim` over `group` (ShardLayout's parts and chunks; chunks 0: the group size).
 ShardLayout split_layout(const TensorParallelGroup& group, int64_t dim, int64_t parts = 1,
                          int64_t chunks = 0);

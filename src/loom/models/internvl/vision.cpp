@@ -31,13 +31,8 @@ int64_t square_side(const FieldReader& r, const char* key, int64_t fallback) {
 }
 
 int64_t heads_per_rank(const InternVisionConfig& c, const parallel::ParamOptions& options) {
-  const int64_t tp = options.tp.size();
-  if (c.num_attention_heads % tp != 0)
-    throw ConfigError(
-        fmt::format("parallel.vision_tp={}: the vision tower's {} attention heads do not split evenly over "
-                    "the tensor-parallel ranks",
-                    tp, c.num_attention_heads));
-  return c.num_attention_heads / tp;
+  return parallel::heads_per_rank(c.num_attention_heads, options.tp.size(), "vision_tp", "the vision tower's",
+                                  "attention heads");
 }
 
 // The options of a part that runs on whole sequences (sequence parallelism ends before it).

@@ -14,13 +14,8 @@ constexpr double kVisionNormEps = 1e-6;
 constexpr int64_t kSequenceDim = 0;  // patches are rows: (N, width)
 
 int64_t vision_heads_per_rank(const VisionConfig& c, const parallel::ParamOptions& options) {
-  const int64_t tp = options.tp.size();
-  if (c.num_heads % tp != 0)
-    throw ConfigError(
-        fmt::format("parallel.vision_tp={}: the vision tower's {} attention heads do not split evenly over "
-                    "the tensor-parallel ranks",
-                    tp, c.num_heads));
-  return c.num_heads / tp;
+  return parallel::heads_per_rank(c.num_heads, options.tp.size(), "vision_tp", "the vision tower's",
+                                  "attention heads");
 }
 
 std::shared_ptr<torch::nn::Module> make_norm(bool rms, int64_t dim, const parallel::ParamOptions& options) {

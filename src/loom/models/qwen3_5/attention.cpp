@@ -55,15 +55,8 @@ GatedAttention::GatedAttention(const AttentionConfig& c, const parallel::ParamOp
     throw ConfigError(fmt::format("num_attention_heads {} is not a multiple of num_key_value_heads {}",
                                   c.num_heads, c.num_kv_heads));
   const int64_t tp = options.tp.size();
-  // Key/value heads: an equal share, or one replicated on tp / kv ranks when tp is a multiple of them.
-  const bool replicated = tp > c.num_kv_heads && tp % c.num_kv_heads == 0;
-  if (c.num_heads % tp != 0 || (!replicated && c.num_kv_heads % tp != 0))
-    throw ConfigError(
-        fmt::format("parallel.tp={}: Qwen3.5's {} attention heads and {} key/value heads do not split evenly "
-                    "over the tensor-parallel ranks",
-                    tp, c.num_heads, c.num_kv_heads));
-  local_heads = c.num_heads / tp;
-  local_kv_heads = replicated ? 1 : c.num_kv_heads / tp;
+  local_heads = parallel::heads_per_rank(c.num_heads, tp, "tp", "Qwen3.5's", "attention heads");
+  local_kv_heads = parallel::kv_heads_per_rank(c.num_kv_heads, tp, "Qwen3.5's");
   const int64_t kv_slices = std::min(c.num_kv_heads, tp);
   // q_proj's rows are each head's query then its gate, so a split by rows keeps whole heads.
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(

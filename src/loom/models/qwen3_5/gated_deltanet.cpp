@@ -164,12 +164,8 @@ GatedDeltaNet::GatedDeltaNet(const GatedDeltaNetConfig& c, const parallel::Param
     throw ConfigError(fmt::format("linear_num_value_heads {} is not a multiple of linear_num_key_heads {}",
                                   c.num_value_heads, c.num_key_heads));
   const int64_t tp = options.tp.size();
-  if (c.num_key_heads % tp != 0)
-    throw ConfigError(
-        fmt::format("parallel.tp={}: Qwen3.5's {} linear-attention key heads do not split evenly over the "
-                    "tensor-parallel ranks",
-                    tp, c.num_key_heads));
-  local.num_key_heads = c.num_key_heads / tp;
+  local.num_key_heads =
+      parallel::heads_per_rank(c.num_key_heads, tp, "tp", "Qwen3.5's", "linear-attention key heads");
   local.num_value_heads = c.num_value_heads / tp;
   const std::vector<int64_t> qkv{c.key_dim(), c.key_dim(), c.value_dim()};
   in_proj_qkv = register_module(

@@ -14,28 +14,12 @@ namespace {
 // Packed text rows are (1, L, hidden): the sequence is dimension 1.
 constexpr int64_t kSequenceDim = 1;
 
-int64_t heads_per_rank(int64_t heads, const parallel::ParamOptions& options, const char* what) {
-  const int64_t tp = options.tp.size();
-  if (heads % tp != 0)
-    throw ConfigError(fmt::format(
-        "parallel.tp={}: the language model's {} {} do not split evenly over the tensor-parallel ranks", tp,
-        heads, what));
-  return heads / tp;
-}
-
-// Key/value heads per rank: an equal share, or one when tp is a multiple of them (each kv head
-// replicated on the tp / kv ranks whose query heads read it).
-int64_t kv_heads_per_rank(int64_t kv_heads, const parallel::ParamOptions& options) {
-  const int64_t tp = options.tp.size();
-  if (tp > kv_heads && tp % kv_heads == 0) return 1;
-  return heads_per_rank(kv_heads, options, "key/value heads");
-}
-
 }  // namespace
 
 TextAttention::TextAttention(const TextConfig& c, const parallel::ParamOptions& options)
-    : num_heads(heads_per_rank(c.num_heads, options, "attention heads")),
-      num_kv_heads(kv_heads_per_rank(c.num_kv_heads, options)),
+    : num_heads(parallel::heads_per_rank(c.num_heads, options.tp.size(), "tp", "the language model's",
+                                         "attention heads")),
+      num_kv_heads(parallel::kv_heads_per_rank(c.num_kv_heads, options.tp.size(), "the language model's")),
       head_dim(c.head_dim()) {
   const bool bias = c.attention_bias;
   q_proj = register_module("q_proj", std::make_shared<parallel::ColumnParallelLinear>(
