@@ -9,7 +9,8 @@
 #   linear-attention state passed along the ranks); so does the MoE model with output_router_logits
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4 and cp=2 x tp=2 with SP,
-#   loaded from transformers' save_pretrained (the experts one by one);
+#   loaded from transformers' save_pretrained (the experts one by one), each step's expert_load (the
+#   experts' load) the same in every layout;
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor, whose video processor has the clip bounds the run trained with.
@@ -173,6 +174,12 @@ for layout in sys.argv[4:]:
     worst = max(abs(one[s]["loss"] - other[s]["loss"]) / abs(one[s]["loss"]) for s in other)
     print(f"qwen3.5 {variant} {layout} vs one process: max relative loss difference {worst:.3e} over 20 steps")
     assert worst <= 1e-5, (layout, worst)
+    if variant == "moe":  # the experts' load each step reports: the same picks, counted once
+        assert all(abs(one[s]["expert_load"] - other[s]["expert_load"]) < 1e-9 for s in other), layout
+if variant == "moe":
+    loads = [one[s]["expert_load"] for s in sorted(one)]
+    print(f"qwen3.5 moe expert_load (most tokens an expert got over the mean) {min(loads):.3f} to {max(loads):.3f}, "
+          f"the same in every layout")
 PY
 done
 # Recompute (full, with offload; selective) in one process: the plain run's losses bit for bit.
