@@ -2,7 +2,9 @@
 source "$(dirname "$0")/lib.bash"
 expect_error() {
   local want=$1; shift
-  if "$LOOM" train "$SRC/configs/shapes-qwen2vl-tiny.yaml" --set training.output_dir="$WORK/run" "$@" \
+  local job="$SRC/configs/shapes-qwen2vl-tiny.yaml"
+  [ "${1:-}" = --job ] && { job=$2; shift 2; }
+  if "$LOOM" train "$job" --set training.output_dir="$WORK/run" "$@" \
       > "$WORK/out" 2> "$WORK/err"; then
     fail "expected an error for $*"
   fi
@@ -16,6 +18,11 @@ expect_error "parallel.tp=3" --set parallel.tp=3
 expect_error "model.hf_config.image_token_id" --set model.hf_config.image_token_id=9
 expect_error "model.freeze: 'vision'" --set "model.freeze=[vision]"
 expect_error "training.task=dpo: 'dpo' is not one of vlm_sft" --set training.task=dpo
+# Qwen3.5's layouts this version does not run.
+expect_error "parallel.cp_ulysses=2: Qwen3.5's linear-attention layers" --job "$SRC/configs/shapes-qwen3_5-tiny.yaml" \
+  --set parallel.cp=2 --set parallel.cp_ulysses=2
+expect_error "parallel.vision_tp=2: Qwen3.5's vision tower is whole" --job "$SRC/configs/shapes-qwen3_5-tiny.yaml" \
+  --set parallel.tp=2 --set parallel.vision_tp=2
 # A CUDA job on a build whose libtorch has no CUDA: one line, before anything is built.
 # (ldd's listing read whole first: grep -q stops early, and under pipefail ldd's broken pipe would
 # read as "no libtorch_cuda".)
