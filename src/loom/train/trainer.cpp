@@ -189,6 +189,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   // A mixture of experts: the tokens each expert got (every rank adds as many entries; the stages
   // without the loss add zeros).
   const int64_t experts = parts_.model->experts();
+  const size_t routed_at = values.size();
   if (experts > 0) {
     if (!r.expert_tokens.empty() && static_cast<int64_t>(r.expert_tokens.size()) != experts)
       throw ModelError(
@@ -201,8 +202,8 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   if (experts > 0) {
     double most = 0, sum = 0;
     for (int64_t e = 0; e < experts; ++e) {
-      most = std::max(most, totals[7 + e]);
-      sum += totals[7 + e];
+      most = std::max(most, totals[routed_at + e]);
+      sum += totals[routed_at + e];
     }
     if (sum > 0) stats.expert_load = most / (sum / static_cast<double>(experts));
   }

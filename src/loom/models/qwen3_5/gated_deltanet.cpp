@@ -48,7 +48,6 @@ LinearContextParallel linear_context_parallel(const parallel::ContextShard& shar
   if (!shard.causal) throw ModelError("linear attention's context-parallel shard must be causal");
   LinearContextParallel plan;
   plan.ring = group.ring;
-  plan.ring_size = group.ring_size;
   // Every ring rank's chunks in the order its shard holds them: (sequence, chunk within it).
   const int64_t ring = group.ring_size;
   std::vector<std::vector<std::pair<size_t, int64_t>>> chunks(static_cast<size_t>(ring));
@@ -79,17 +78,20 @@ LinearContextParallel linear_context_parallel(const parallel::ContextShard& shar
 
 namespace {
 
+// Rows [end - n, end) of x for n = min(halo, length), zeros in front up to `halo` rows: the K - 1 rows
+// a convolution reads before what follows a segment of `length` rows ending at `end`.
+at::Tensor last_rows(const at::Tensor& x, int64_t end, int64_t length, int64_t halo) {
+  const int64_t take = std::min(halo, length);
+  return at::constant_pad_nd(x.narrow(0, end - take, take), {0, 0, halo - take, 0});
+}
+
 // The causal convolution over this rank's chunks, each first given the K - 1 rows before it in its
 // sequence (zeros before the sequence's start) from every rank's chunks' last rows.
 at::Tensor context_parallel_conv1d(const at::Tensor& x, const at::Tensor& weight,
                                    const LinearContextParallel& plan) {
   const int64_t halo = weight.size(1) - 1, channels = x.size(1), pieces = plan.pieces;
   std::vector<at::Tensor> tails;
-  for (int64_t p = 0; p < pieces; ++p) {
-    const int64_t length = plan.lengths[p], take = std::min(halo, length);
-    tails.push_back(
-        at::constant_pad_nd(x.narrow(0, plan.cu[p] + length - take, take), {0, 0, halo - take, 0}));
-  }
+  for (int64_t p = 0; p < pieces; ++p) tails.push_back(last_rows(x, plan.cu[p + 1], plan.lengths[p], halo));
   const at::Tensor every =
       dist::gather_from_sequence_region(pieces > 0 ? at::stack(tails) : x.new_zeros({0, halo, channels}),
                                         plan.ring, 0);  // (ring * pieces, halo, C)
@@ -220,11 +222,8 @@ at::Tensor GatedDeltaNet::forward(const at::Tensor& x, const std::vector<int64_t
         cp ? context_parallel_conv1d(projected, weight, *cp) : causal_conv1d(projected, weight, cu_seqlens);
     if (decoding) {  // each sample's last K - 1 rows, zeros before a shorter one's start
       std::vector<at::Tensor> tails;
-      for (int64_t s = 0; s < decoding->rows; ++s) {
-        const int64_t length = cu_seqlens[s + 1] - cu_seqlens[s], take = std::min(halo, length);
-        tails.push_back(
-            at::constant_pad_nd(projected.narrow(0, cu_seqlens[s + 1] - take, take), {0, 0, halo - take, 0}));
-      }
+      for (int64_t s = 0; s < decoding->rows; ++s)
+        tails.push_back(last_rows(projected, cu_seqlens[s + 1], cu_seqlens[s + 1] - cu_seqlens[s], halo));
       decoding->conv = at::stack(tails);
     }
   }

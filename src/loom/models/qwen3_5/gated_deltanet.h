@@ -64,7 +64,6 @@ at::Tensor l2_normalize(const at::Tensor& x, double eps = 1e-6);
 // all-gathers' gradients reduce-scattered back to their chunks.
 struct LinearContextParallel {
   std::shared_ptr<dist::Comm> ring;
-  int64_t ring_size = 1;
   int64_t pieces = 0;            // chunks per rank (every ring rank holds as many)
   std::vector<int64_t> cu;       // this rank's tokens: each chunk a segment, then the padding's (if any)
   std::vector<int64_t> lengths;  // each chunk's tokens (padding at a sequence's end included)
