@@ -1,8 +1,9 @@
 // Loom's CUDA kernels against their composite references on the GPU (Google Benchmark), through
 // the public entry points (autograd, forward + backward), bf16: causal attention at seq 4096 with
 // 16 heads of 128, whole and as 8 packed samples; RMSNorm on 8192 x 4096; SwiGLU on 8192 x 11008;
-// the rotary embedding on 8192 positions x 32 heads x 128. Each iteration ends with a device
-// synchronisation, so times are wall times of the GPU work. Needs a CUDA build and a GPU:
+// the rotary embedding on 8192 positions x 32 heads x 128; the gated delta rule at 4096 tokens with
+// 32 value heads of 128. Each iteration ends with a device synchronisation, so times are wall times
+// of the GPU work. Needs a CUDA build and a GPU:
 //
 //   build-gpu/loom_bench_kernels_cuda [--benchmark_filter=Attention]
 #include <ATen/ATen.h>
@@ -10,9 +11,11 @@
 #include <torch/cuda.h>
 
 #include <cstdio>
+#include <vector>
 
 #include "loom/kernels/attention.h"
 #include "loom/kernels/cuda/ops.h"
+#include "loom/kernels/delta_rule.h"
 #include "loom/kernels/pointwise.h"
 
 namespace {
@@ -121,6 +124,45 @@ void Rotary(benchmark::State& state) {
 }
 BENCHMARK_TEMPLATE(Rotary, true)->Name("Rotary/fused")->UseRealTime()->Unit(benchmark::kMillisecond);
 BENCHMARK_TEMPLATE(Rotary, false)->Name("Rotary/composite")->UseRealTime()->Unit(benchmark::kMillisecond);
+
+// The gated delta rule at Qwen3.5's linear-attention shape (16 key and 32 value heads of 128),
+// bf16, 4096 tokens whole and as 8 packed samples: the CUDA kernel against the chunked composite.
+template <bool Fused>
+void DeltaRule(benchmark::State& state) {
+  const int64_t count = state.range(0);
+  std::vector<int64_t> cu{0};
+  for (int64_t i = 0; i < count; ++i) cu.push_back(cu.back() + kTokens / count);
+  constexpr int64_t kKeyHeads = 16, kValueHeads = 32;
+  at::manual_seed(0);
+  const auto unit_rows = [] {
+    const at::Tensor x = input({kTokens, kKeyHeads, kDim}, false).to(at::kFloat);
+    return (x / x.norm(2, -1, true)).to(at::kBFloat16).set_requires_grad(true);
+  };
+  at::Tensor q = unit_rows(), k = unit_rows(), v = input({kTokens, kValueHeads, kDim});
+  at::Tensor g = (-at::softplus(input({kTokens, kValueHeads}, false)) * 0.5).set_requires_grad(true);
+  at::Tensor beta = at::sigmoid(input({kTokens, kValueHeads}, false)).set_requires_grad(true);
+  const at::Tensor grad = input({kTokens, kValueHeads, kDim}, false);
+  for (auto _ : state) {
+    auto result = Fused ? loom::kernels::delta_rule(q, k, v, g, beta, cu)
+                        : loom::kernels::composite_delta_rule(q, k, v, g, beta, cu);
+    result.out.backward(grad);
+    torch::cuda::synchronize();
+    clear_grads({&q, &k, &v, &g, &beta});
+  }
+  count_tokens(state, kTokens);
+}
+BENCHMARK_TEMPLATE(DeltaRule, true)
+    ->Name("DeltaRule/cuda/segments")
+    ->Arg(1)
+    ->Arg(8)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+BENCHMARK_TEMPLATE(DeltaRule, false)
+    ->Name("DeltaRule/composite/segments")
+    ->Arg(1)
+    ->Arg(8)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 }  // namespace
 

@@ -6,8 +6,10 @@
 
 #include <algorithm>
 #include <cmath>
+#include <tuple>
 
 #include "loom/kernels/cpu/vector.h"
+#include "loom/kernels/cuda/ops.h"
 #include "loom/util/errors.h"
 
 namespace loom::kernels {
@@ -329,6 +331,23 @@ void backward_head(const FusedProblem& p, int64_t seg, int64_t h, const float* q
   std::copy(dS.begin(), dS.end(), dstate0);
 }
 
+// Every (segment, value head) on a thread of its own.
+void forward_on_cpu(const FusedProblem& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                    const at::Tensor& g, const at::Tensor& beta, const at::Tensor& state0, at::Tensor& out,
+                    at::Tensor& final_state, at::Tensor& checkpoints) {
+  const Shapes& s = p.s;
+  at::parallel_for(0, s.segments * s.hv, 1, [&](int64_t first, int64_t last) {
+    for (int64_t item = first; item < last; ++item) {
+      const int64_t seg = item / s.hv, h = item % s.hv;
+      forward_head(p, seg, h, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                   g.data_ptr<float>(), beta.data_ptr<float>(),
+                   state0.data_ptr<float>() + (seg * s.hv + h) * s.dk * s.dv, out.data_ptr<float>(),
+                   final_state.data_ptr<float>() + (seg * s.hv + h) * s.dk * s.dv,
+                   checkpoints.data_ptr<float>());
+    }
+  });
+}
+
 at::Tensor f32_contiguous(const at::Tensor& x) { return x.to(at::kFloat).contiguous(); }
 
 using torch::autograd::AutogradContext;
@@ -346,19 +365,22 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
                      g = f32_contiguous(g_in), beta = f32_contiguous(beta_in),
                      state0 = f32_contiguous(state_in);
     const auto f32 = q.options();
-    at::Tensor out = at::empty({s.tokens, s.hv, s.dv}, f32);
-    at::Tensor final_state = at::empty({s.segments, s.hv, s.dk, s.dv}, f32);
-    at::Tensor checkpoints = at::empty({p.first_chunk.back(), s.hv, s.dk, s.dv}, f32);
-    at::parallel_for(0, s.segments * s.hv, 1, [&](int64_t first, int64_t last) {
-      for (int64_t item = first; item < last; ++item) {
-        const int64_t seg = item / s.hv, h = item % s.hv;
-        forward_head(p, seg, h, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                     g.data_ptr<float>(), beta.data_ptr<float>(),
-                     state0.data_ptr<float>() + (seg * s.hv + h) * s.dk * s.dv, out.data_ptr<float>(),
-                     final_state.data_ptr<float>() + (seg * s.hv + h) * s.dk * s.dv,
-                     checkpoints.data_ptr<float>());
+    at::Tensor out, final_state, checkpoints;
+    if constexpr (cuda::kBuilt) {
+      if (q.is_cuda()) {
+        cuda::DeltaRuleForward r =
+            cuda::delta_rule_forward(q, k, v, g, beta, state0, {cu_seqlens, chunk, p.scale});
+        out = r.out;
+        final_state = r.final_state;
+        checkpoints = r.checkpoints;
       }
-    });
+    }
+    if (!out.defined()) {
+      out = at::empty({s.tokens, s.hv, s.dv}, f32);
+      final_state = at::empty({s.segments, s.hv, s.dk, s.dv}, f32);
+      checkpoints = at::empty({p.first_chunk.back(), s.hv, s.dk, s.dv}, f32);
+      forward_on_cpu(p, q, k, v, g, beta, state0, out, final_state, checkpoints);
+    }
     ctx->save_for_backward({q, k, v, g, beta, checkpoints});
     ctx->saved_data["cu_seqlens"] = cu_seqlens;
     ctx->saved_data["scale"] = scale;
@@ -381,25 +403,38 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
         fused_problem(s, cu, {ctx->saved_data["scale"].toDouble(), ctx->saved_data["chunk"].toInt()});
     const at::Tensor dout = grads[0].defined() ? f32_contiguous(grads[0]) : at::Tensor();
     const at::Tensor dfinal = grads[1].defined() ? f32_contiguous(grads[1]) : at::Tensor();
-    const auto f32 = q.options();
-    at::Tensor dq = at::zeros({s.tokens, s.hv, s.dk}, f32), dk = at::zeros({s.tokens, s.hv, s.dk}, f32);
-    at::Tensor dv = at::zeros_like(v), dg = at::zeros_like(g), dbeta = at::zeros_like(beta);
-    at::Tensor dstate0 = at::empty({s.segments, s.hv, s.dk, s.dv}, f32);
-    at::parallel_for(0, s.segments * s.hv, 1, [&](int64_t first, int64_t last) {
-      for (int64_t item = first; item < last; ++item) {
-        const int64_t seg = item / s.hv, h = item % s.hv, state = (seg * s.hv + h) * s.dk * s.dv;
-        backward_head(p, seg, h, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
-                      g.data_ptr<float>(), beta.data_ptr<float>(), checkpoints.data_ptr<float>(),
-                      dout.defined() ? dout.data_ptr<float>() : nullptr,
-                      dfinal.defined() ? dfinal.data_ptr<float>() + state : nullptr, dq.data_ptr<float>(),
-                      dk.data_ptr<float>(), dv.data_ptr<float>(), dg.data_ptr<float>(),
-                      dbeta.data_ptr<float>(), dstate0.data_ptr<float>() + state);
+    at::Tensor dq, dk, dv, dg, dbeta, dstate0;
+    if constexpr (cuda::kBuilt) {
+      if (q.is_cuda()) {
+        cuda::DeltaRuleGrads r =
+            cuda::delta_rule_backward(q, k, v, g, beta, checkpoints, dout, dfinal, {cu, p.chunk, p.scale});
+        std::tie(dq, dk, dv, dg, dbeta, dstate0) = std::tie(r.dq, r.dk, r.dv, r.dg, r.dbeta, r.dstate0);
       }
-    });
-    // A key head's gradient is the sum over the value heads it serves.
-    const int64_t repeat = s.hv / s.hk;
-    dq = dq.view({s.tokens, s.hk, repeat, s.dk}).sum(2);
-    dk = dk.view({s.tokens, s.hk, repeat, s.dk}).sum(2);
+    }
+    if (!dq.defined()) {
+      const auto f32 = q.options();
+      dq = at::zeros({s.tokens, s.hv, s.dk}, f32);
+      dk = at::zeros({s.tokens, s.hv, s.dk}, f32);
+      dv = at::zeros_like(v);
+      dg = at::zeros_like(g);
+      dbeta = at::zeros_like(beta);
+      dstate0 = at::empty({s.segments, s.hv, s.dk, s.dv}, f32);
+      at::parallel_for(0, s.segments * s.hv, 1, [&](int64_t first, int64_t last) {
+        for (int64_t item = first; item < last; ++item) {
+          const int64_t seg = item / s.hv, h = item % s.hv, state = (seg * s.hv + h) * s.dk * s.dv;
+          backward_head(p, seg, h, q.data_ptr<float>(), k.data_ptr<float>(), v.data_ptr<float>(),
+                        g.data_ptr<float>(), beta.data_ptr<float>(), checkpoints.data_ptr<float>(),
+                        dout.defined() ? dout.data_ptr<float>() : nullptr,
+                        dfinal.defined() ? dfinal.data_ptr<float>() + state : nullptr, dq.data_ptr<float>(),
+                        dk.data_ptr<float>(), dv.data_ptr<float>(), dg.data_ptr<float>(),
+                        dbeta.data_ptr<float>(), dstate0.data_ptr<float>() + state);
+        }
+      });
+      // A key head's gradient is the sum over the value heads it serves.
+      const int64_t repeat = s.hv / s.hk;
+      dq = dq.view({s.tokens, s.hk, repeat, s.dk}).sum(2);
+      dk = dk.view({s.tokens, s.hk, repeat, s.dk}).sum(2);
+    }
     const std::vector<int64_t> types = ctx->saved_data["types"].toIntVector();
     const auto as = [&](const at::Tensor& x, size_t i) {
       return x.to(static_cast<at::ScalarType>(types[i]));
@@ -414,10 +449,18 @@ class DeltaRuleFunction : public torch::autograd::Function<DeltaRuleFunction> {
 DeltaRuleResult delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                            const at::Tensor& beta, const std::vector<int64_t>& cu_seqlens,
                            const at::Tensor& initial_state, DeltaRuleOptions options) {
-  const bool cpu = q.is_cpu() && k.is_cpu() && v.is_cpu() && g.is_cpu() && beta.is_cpu() &&
-                   (!initial_state.defined() || initial_state.is_cpu());
-  if (!cpu) return composite_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state, options);
+  // The CPU kernel takes CPU tensors; the CUDA kernel (in a CUDA build) tensors on one GPU whose
+  // heads fit its shared memory. Others get the composite.
+  const auto all_on = [&](at::Device device) {
+    return q.device() == device && k.device() == device && v.device() == device && g.device() == device &&
+           beta.device() == device && (!initial_state.defined() || initial_state.device() == device);
+  };
   const Shapes s = check(q, k, v, g, beta, cu_seqlens, initial_state);
+  bool on_cuda = false;
+  if constexpr (cuda::kBuilt)
+    on_cuda = q.is_cuda() && all_on(q.device()) && cuda::delta_rule_fits(s.dk, s.dv, q.device());
+  if (!on_cuda && !all_on(at::kCPU))
+    return composite_delta_rule(q, k, v, g, beta, cu_seqlens, initial_state, options);
   const at::Tensor state0 = initial_state.defined()
                                 ? initial_state
                                 : at::zeros({s.segments, s.hv, s.dk, s.dv}, q.options().dtype(at::kFloat));

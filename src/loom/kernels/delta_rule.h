@@ -28,7 +28,9 @@ struct DeltaRuleResult {
 // thread of its own: the recurrence token by token in fp32, one pass over the state per step for the
 // decay and the read and one for the write and the output; the state is kept at every chunk_size
 // tokens, and the backward pass recomputes a chunk's states from its checkpoint, so memory grows
-// with tokens / chunk_size states, not tokens. Tensors elsewhere get composite_delta_rule.
+// with tokens / chunk_size states, not tokens. In a CUDA build, CUDA tensors get the CUDA kernel
+// (kernels/cuda/delta_rule_kernels.cuh): a block per (segment, value head), the state in shared
+// memory, the same checkpoints. Tensors elsewhere get composite_delta_rule.
 DeltaRuleResult delta_rule(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& g,
                            const at::Tensor& beta, const std::vector<int64_t>& cu_seqlens,
                            const at::Tensor& initial_state = {}, DeltaRuleOptions options = {});

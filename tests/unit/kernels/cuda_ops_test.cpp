@@ -5,8 +5,10 @@
 #include <gtest/gtest.h>
 #include <torch/cuda.h>
 
+#include "delta_rule_fixture.h"
 #include "loom/kernels/attention.h"
 #include "loom/kernels/cuda/ops.h"
+#include "loom/kernels/delta_rule.h"
 #include "loom/kernels/pointwise.h"
 
 namespace loom::kernels {
@@ -184,6 +186,101 @@ TEST_F(CudaKernels, AttentionOnTheTensorCores) {
   compare_attention({{0, 50}, 1, 1, 160, true, 0, at::kBFloat16});
 }
 
+// ---- The gated delta rule ----
+
+struct DeltaRuleInputs {
+  at::Tensor q, k, v, g, beta, state0;  // fp32 on the CPU; state0 defined
+  std::vector<int64_t> cu;
+};
+
+cuda::DeltaRuleShape delta_shape(const DeltaRuleInputs& x, int64_t chunk) {
+  return {x.cu, chunk, static_cast<float>(1 / std::sqrt(static_cast<double>(x.q.size(2))))};
+}
+
+cuda::DeltaRuleForward delta_forward(const DeltaRuleInputs& x, int64_t chunk) {
+  return cuda::delta_rule_forward(on_device(x.q), on_device(x.k), on_device(x.v), on_device(x.g),
+                                  on_device(x.beta), on_device(x.state0), delta_shape(x, chunk));
+}
+
+// The kernel's outputs and gradients (of q, k, v, g, beta, state0) against the composite's by
+// autograd, for output and final-state gradients dout and dfinal (either may be undefined: zero).
+// Gradients relative to the largest where it exceeds one, absolute below.
+void compare_delta_rule(const DeltaRuleInputs& x, int64_t chunk, const at::Tensor& dout,
+                        const at::Tensor& dfinal, const std::string& what) {
+  std::vector<at::Tensor> leaves;
+  for (const at::Tensor& t : {x.q, x.k, x.v, x.g, x.beta, x.state0})
+    leaves.push_back(t.clone().requires_grad_(true));
+  const DeltaRuleResult ref = composite_delta_rule(leaves[0], leaves[1], leaves[2], leaves[3], leaves[4],
+                                                   x.cu, leaves[5], {0, chunk});
+  at::Tensor loss = at::zeros({});
+  if (dout.defined()) loss = loss + (ref.out * dout).sum();
+  if (dfinal.defined()) loss = loss + (ref.final_state * dfinal).sum();
+  loss.backward();
+
+  const cuda::DeltaRuleForward f = delta_forward(x, chunk);
+  expect_close(f.out, ref.out, 1e-5, what + ": out");
+  expect_close(f.final_state, ref.final_state, 1e-5, what + ": final state");
+  const cuda::DeltaRuleGrads d = cuda::delta_rule_backward(
+      on_device(x.q), on_device(x.k), on_device(x.v), on_device(x.g), on_device(x.beta), f.checkpoints,
+      dout.defined() ? on_device(dout) : at::Tensor(), dfinal.defined() ? on_device(dfinal) : at::Tensor(),
+      delta_shape(x, chunk));
+  const at::Tensor got[] = {d.dq, d.dk, d.dv, d.dg, d.dbeta, d.dstate0};
+  static const char* names[] = {"dq", "dk", "dv", "dg", "dbeta", "dstate0"};
+  for (size_t i = 0; i < leaves.size(); ++i) {
+    const at::Tensor want = leaves[i].grad().defined() ? leaves[i].grad() : at::zeros_like(leaves[i]);
+    expect_close(got[i], want, 1e-5, what + ": " + names[i]);
+  }
+}
+
+// Transformers' chunked and token-by-token forms on every fixture case: lengths 1, 63, 64, 65 and
+// 4096, one and three packed samples, an initial state.
+TEST_F(CudaKernels, DeltaRuleMatchesTransformers) {
+  for (const std::string& name : testing::delta_rule_cases()) {
+    const testing::DeltaRuleCase c = testing::load_delta_rule_case(name);
+    const at::Tensor state0 = c.initial_state.defined() ? c.initial_state : at::zeros_like(c.final_state);
+    const cuda::DeltaRuleForward f = delta_forward({c.q, c.k, c.v, c.g, c.beta, state0, c.cu_seqlens}, 64);
+    const double bound = c.q.size(0) > 1000 ? 2e-6 : 1e-6;
+    EXPECT_EQ(f.out.device(), cuda::device()) << name;
+    EXPECT_LT((f.out.cpu() - c.chunk).abs().max().item<double>(), bound) << name << ": chunked form";
+    EXPECT_LT((f.out.cpu() - c.recurrent).abs().max().item<double>(), bound) << name << ": recurrent form";
+    EXPECT_LT((f.final_state.cpu() - c.final_state).abs().max().item<double>(), bound)
+        << name << ": final state";
+  }
+}
+
+// Chunks of 64 (the checkpoints fall inside the 65-token samples) and of 7 (many checkpoints, spans
+// of 3 recomputed tokens cut by chunk ends).
+TEST_F(CudaKernels, DeltaRuleGradientsMatchTheComposite) {
+  for (const int64_t chunk : {64, 7})
+    for (const char* name : {"len1", "len63", "len64", "len65", "packed", "initial", "packed4096"}) {
+      const testing::DeltaRuleCase c = testing::load_delta_rule_case(name);
+      const at::Tensor state0 = c.initial_state.defined() ? c.initial_state : at::zeros_like(c.final_state);
+      at::manual_seed(0);
+      const at::Tensor dout = at::randn(c.v.sizes()), dfinal = at::randn(c.final_state.sizes());
+      compare_delta_rule({c.q, c.k, c.v, c.g, c.beta, state0, c.cu_seqlens}, chunk, dout, dfinal,
+                         std::string(name) + ", chunk " + std::to_string(chunk));
+    }
+}
+
+// Heads wider than a block's threads in Dk (70 rows over 64 threads) and not a whole warp in Dv
+// (40 columns), three value heads on one key head, empty segments first and in the middle, a
+// given initial state; only the output's gradient, then only the final state's.
+TEST_F(CudaKernels, DeltaRuleWideHeadsAndEmptySegments) {
+  at::manual_seed(5);
+  const std::vector<int64_t> cu{0, 0, 5, 5, 135};
+  const int64_t tokens = cu.back(), hk = 1, hv = 3, dk = 70, dv = 40;
+  const auto unit = [](const at::Tensor& t) { return t / t.norm(2, -1, true); };
+  const DeltaRuleInputs x{unit(at::randn({tokens, hk, dk})),
+                          unit(at::randn({tokens, hk, dk})),
+                          at::randn({tokens, hv, dv}),
+                          -at::softplus(at::randn({tokens, hv})) * 0.5,
+                          at::sigmoid(at::randn({tokens, hv})),
+                          at::randn({4, hv, dk, dv}) * 0.5,
+                          cu};
+  compare_delta_rule(x, 64, at::randn({tokens, hv, dv}), {}, "wide heads, output gradient");
+  compare_delta_rule(x, 10, {}, at::randn({4, hv, dk, dv}), "wide heads, final-state gradient");
+}
+
 // The public entry points (flash_attention, rms_norm, swiglu, rotary) on tensors of device(): in a
 // CUDA build they dispatch to the CUDA kernels, forward and backward through autograd; in a CPU
 // build this runs the CPU kernels, which their own tests check too.
@@ -229,6 +326,20 @@ TEST_F(CudaKernels, PublicEntryPointsMatchTheCompositesOnTheDevice) {
     const at::Tensor xd = leaf(x), xr = x.clone().set_requires_grad(true);
     check(rotary(xd, on_device(angles.cos()), on_device(angles.sin())), {xd},
           rotary_composite(xr, angles.cos(), angles.sin()), {xr}, 1e-5, "rotary");
+  }
+  {
+    // bf16 inputs (the layer's dtype), computed in fp32 by both.
+    const testing::DeltaRuleCase c = testing::load_delta_rule_case("packed");
+    std::vector<at::Tensor> device_inputs, reference_inputs;
+    for (const at::Tensor& t : {c.q, c.k, c.v, c.g, c.beta}) {
+      device_inputs.push_back(leaf(t.to(at::kBFloat16)));
+      reference_inputs.push_back(t.to(at::kBFloat16).clone().set_requires_grad(true));
+    }
+    const auto run = [&](const std::vector<at::Tensor>& x, auto rule) {
+      return rule(x[0], x[1], x[2], x[3], x[4], c.cu_seqlens, at::Tensor(), DeltaRuleOptions{}).out;
+    };
+    check(run(device_inputs, delta_rule), device_inputs, run(reference_inputs, composite_delta_rule),
+          reference_inputs, 2e-2, "delta_rule");
   }
 }
 

@@ -9,38 +9,14 @@
 #include <string>
 #include <vector>
 
-#include "loom/checkpoint/safetensors.h"
+#include "delta_rule_fixture.h"
 
 namespace loom::kernels {
 namespace {
 
-const checkpoint::SafetensorsReader& fixture() {
-  static const checkpoint::SafetensorsReader reader(std::string(LOOM_SOURCE_DIR) +
-                                                    "/tests/fixtures/delta-rule/delta_rule.safetensors");
-  return reader;
-}
+using Case = testing::DeltaRuleCase;
 
-struct Case {
-  at::Tensor q, k, v, g, beta, initial_state, chunk, recurrent, final_state;
-  std::vector<int64_t> cu_seqlens;
-};
-
-Case load(const std::string& name) {
-  const auto& f = fixture();
-  Case c;
-  c.q = f.load(name + ".q");
-  c.k = f.load(name + ".k");
-  c.v = f.load(name + ".v");
-  c.g = f.load(name + ".g");
-  c.beta = f.load(name + ".beta");
-  c.chunk = f.load(name + ".chunk");
-  c.recurrent = f.load(name + ".recurrent");
-  c.final_state = f.load(name + ".final_state");
-  if (f.contains(name + ".initial_state")) c.initial_state = f.load(name + ".initial_state");
-  const at::Tensor cu = f.load(name + ".cu_seqlens");
-  c.cu_seqlens.assign(cu.data_ptr<int64_t>(), cu.data_ptr<int64_t>() + cu.numel());
-  return c;
-}
+Case load(const std::string& name) { return testing::load_delta_rule_case(name); }
 
 double max_diff(const at::Tensor& a, const at::Tensor& b) {
   EXPECT_EQ(a.sizes(), b.sizes());

@@ -67,4 +67,34 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> attention_backward(const at::Tens
                                                                   const at::Tensor& lse,
                                                                   const AttentionShape& shape);
 
+// The gated delta rule (kernels/delta_rule.h) on fp32 contiguous tensors: q and k (T, Hk, Dk), v
+// (T, Hv, Dv), g and beta (T, Hv), state0 (segments, Hv, Dk, Dv). One block per (segment, value
+// head) walks the recurrence token by token, the state in shared memory; the state before every
+// `chunk`-th token is kept for the backward pass (delta_rule_kernels.cuh).
+struct DeltaRuleShape {
+  std::vector<int64_t> cu_seqlens;  // the segments, 0 to T
+  int64_t chunk = 64;               // tokens between the kept states
+  float scale = 1;
+};
+// Whether a head of (Dk, Dv) fits the kernels here: Dv up to 512 (a thread per column) and, on a
+// GPU (`device`), the backward pass's two (Dk, Dv) states within a block's shared memory.
+bool delta_rule_fits(int64_t dk, int64_t dv, at::Device device);
+struct DeltaRuleForward {
+  at::Tensor out;          // (T, Hv, Dv) fp32
+  at::Tensor final_state;  // (segments, Hv, Dk, Dv)
+  at::Tensor checkpoints;  // (chunks, Hv, Dk, Dv): the state before each segment's every chunk
+};
+DeltaRuleForward delta_rule_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                    const at::Tensor& g, const at::Tensor& beta, const at::Tensor& state0,
+                                    const DeltaRuleShape& shape);
+struct DeltaRuleGrads {
+  at::Tensor dq, dk, dv, dg, dbeta, dstate0;  // fp32, the inputs' shapes
+};
+// dout (T, Hv, Dv) and dfinal (segments, Hv, Dk, Dv) fp32 contiguous, either undefined (zero).
+// Deterministic: every gradient element is written by one thread, sums in a fixed order.
+DeltaRuleGrads delta_rule_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                   const at::Tensor& g, const at::Tensor& beta, const at::Tensor& checkpoints,
+                                   const at::Tensor& dout, const at::Tensor& dfinal,
+                                   const DeltaRuleShape& shape);
+
 }  // namespace LOOM_CUDA_NAMESPACE
