@@ -2,7 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "loom/kernels/grouped_mm.h"
 #include "loom/nn/module_list.h"
+#include "loom/parallel/expert.h"
 #include "loom/util/errors.h"
 
 namespace loom::models::qwen3_5 {
@@ -52,21 +54,17 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logit
   const at::Tensor probabilities = at::softmax(logits, -1, at::kFloat);
   auto [weights, chosen] = probabilities.topk(top_k, -1);
   weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
-  // Each expert over the tokens that chose it, its output weighted and added at their rows.
-  at::Tensor routed = at::zeros_like(x);
-  const at::Tensor flat = chosen.flatten();  // (T * k), token t's picks at [t * k, (t + 1) * k)
+  // The tokens' picks as rows grouped by expert, every expert over its rows in one grouped
+  // product, each row weighted and added back at its token.
+  const parallel::ExpertDispatch dispatch =
+      parallel::dispatch_by_expert(chosen, experts->gate_up_proj.size(0));
   const int64_t intermediate = experts->down_proj.size(2);
-  for (int64_t e = 0; e < experts->gate_up_proj.size(0); ++e) {
-    const at::Tensor slots = (flat == e).nonzero().squeeze(1);
-    if (slots.numel() == 0) continue;
-    const at::Tensor tokens = at::floor_divide(slots, top_k);
-    const at::Tensor both = at::matmul(x.index_select(0, tokens), experts->gate_up_proj[e].t());
-    const at::Tensor hidden =
-        at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate);
-    const at::Tensor out =
-        at::matmul(hidden, experts->down_proj[e].t()) * weights.flatten().index_select(0, slots).unsqueeze(1);
-    routed = routed.index_add(0, tokens, out);
-  }
+  const at::Tensor both =
+      kernels::grouped_mm(parallel::dispatch_rows(dispatch, x), experts->gate_up_proj, dispatch.ends);
+  const at::Tensor hidden =
+      at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate);
+  const at::Tensor routed = parallel::combine_rows(
+      dispatch, kernels::grouped_mm(hidden, experts->down_proj, dispatch.ends), weights);
   return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
 }
 
