@@ -8,9 +8,11 @@
 #   1e-5 relative, and so do cp=2 and cp=4 (ring attention in the full-attention layers, the
 #   linear-attention state passed along the ranks); so does the MoE model with output_router_logits
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
-#   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4 and cp=2 x tp=2 with SP,
-#   loaded from transformers' save_pretrained (the experts one by one), each step's expert_load (the
-#   experts' load) the same in every layout;
+#   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
+#   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token), loaded from transformers'
+#   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
+#   every layout; ep=2's and ep=4's step-20 weights are one process's within 1e-5, and ep=4's
+#   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses;
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor, whose video processor has the clip bounds the run trained with.
@@ -28,6 +30,8 @@ for variant, cls in (("dense", transformers.Qwen3_5ForConditionalGeneration),
     config = json.load(open(f"{q35}/{variant}/config.json"))
     config["text_config"]["vocab_size"] = 268
     config["text_config"]["output_router_logits"] = variant == "moe"
+    if variant == "moe":  # 8 experts, 2 a token: what expert parallelism over 2 and 4 ranks splits
+        config["text_config"]["num_experts"] = 8
     config.update(image_token_id=265, video_token_id=266, vision_start_token_id=263, vision_end_token_id=264)
     model = cls(transformers.AutoConfig.for_model(**config))
     torch.manual_seed(3)
@@ -144,9 +148,9 @@ PY
 for variant in dense moe; do
   job $variant true > "$WORK/$variant.yaml"
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
-    $( [ $variant = dense ] && echo "--set training.save_every=20" ) > "$WORK/$variant-one.log" 2>&1 ||
+    --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -157,7 +161,10 @@ for variant in dense moe; do
       tp2sp) extra=(--set parallel.tp=2 --set parallel.sequence_parallel=true);;
       cp2) extra=(--set parallel.cp=2);;
       cp4) extra=(--set parallel.cp=4); ranks=4;;
-      cp2tp2sp) extra=(--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;; esac
+      cp2tp2sp) extra=(--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;;
+      # Expert parallelism: each data rank holds 4 experts (ep2) or 2 (ep4, one sample a rank).
+      ep2) extra=(--set parallel.ep=2 --set training.save_every=10);;
+      ep4) extra=(--set parallel.ep=4 --set training.micro_batch_size=1 --set training.save_every=10); ranks=4;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
@@ -182,6 +189,40 @@ if variant == "moe":
           f"the same in every layout")
 PY
 done
+# Expert parallelism's checkpoints: the step-20 weights of ep=2 and ep=4 are one process's within
+# 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of step 10 resumes
+# in one process and at ep=2 with one process's losses of steps 11 to 20.
+for resumed in 1 2; do
+  mkdir -p "$WORK/moe-resumed-ep$resumed" && cp -r "$WORK/moe-ep4/step-00000010" "$WORK/moe-resumed-ep$resumed/"
+  run=("$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/moe-resumed-ep$resumed")
+  [ $resumed = 2 ] && run=("$LOOM" run -n 2 -- "${run[@]}" --set parallel.ep=2)
+  "${run[@]}" > "$WORK/moe-resumed-ep$resumed.log" 2>&1 || { cat "$WORK/moe-resumed-ep$resumed.log"; fail "resume at ep=$resumed"; }
+  grep -q "resum.*step-00000010" "$WORK/moe-resumed-ep$resumed.log" ||
+    { cat "$WORK/moe-resumed-ep$resumed.log"; fail "no resume at ep=$resumed"; }
+done
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY' || fail "expert parallelism's checkpoints differ from one process's"
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from runs import steps, tensors
+one = tensors(f"{work}/moe-one/step-00000020/model.safetensors")
+for layout in ("ep2", "ep4"):
+    theirs = tensors(f"{work}/moe-{layout}/step-00000020/model.safetensors")
+    assert sorted(theirs) == sorted(one) and all(len(theirs[k]) == len(one[k]) for k in one), layout
+    worst = max(max(abs(a - b) for a, b in zip(one[k], theirs[k])) / max(1.0, max(abs(a) for a in one[k]))
+                for k in one)
+    print(f"qwen3.5 moe {layout}: step-20 weights within {worst:.2e} of one process's (every tensor, whole)")
+    assert worst <= 1e-5, (layout, worst)
+reference = steps(f"{work}/moe-one/metrics.jsonl")
+for resumed in ("ep1", "ep2"):
+    run = steps(f"{work}/moe-resumed-{resumed}/metrics.jsonl")
+    assert sorted(run) == list(range(11, 21)), (resumed, sorted(run))
+    worst = max(abs(run[s]["loss"] - reference[s]["loss"]) / reference[s]["loss"] for s in run)
+    print(f"qwen3.5 moe: the ep=4 checkpoint of step 10 resumed at {resumed.replace('ep', 'ep=')}: "
+          f"step 11 loss {run[11]['loss']:.8f} (one process {reference[11]['loss']:.8f}), "
+          f"steps 11-20 within {worst:.2e}")
+    assert worst <= 1e-5, (resumed, worst)
+PY
 # Recompute (full, with offload; selective) in one process: the plain run's losses bit for bit.
 for memory in full selective; do
   extra=(--set features.recompute=$memory)
@@ -212,4 +253,4 @@ assert (video.size["shortest_edge"], video.size["longest_edge"]) == (4096, 16384
 print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__} with "
       f"{type(video).__name__} at the clip bounds it trained with")
 PY
-echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, and its cp=2 x tp=2 + SP) match one process"
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, its cp=2 x tp=2 + SP, ep=2 and ep=4) match one process"

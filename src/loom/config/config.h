@@ -470,7 +470,8 @@ std::vector<std::pair<std::string, std::vector<std::string>>> declared_keys();
 // The model sizes the parallel layout must fit.
 struct ModelDims {
   int64_t llm_heads, llm_kv_heads, vision_heads, vocab_size, llm_layers;
-  int64_t blocks = 0;  // every tower's blocks, what pipeline stages are cut from (0: llm_layers)
+  int64_t blocks = 0;   // every tower's blocks, what pipeline stages are cut from (0: llm_layers)
+  int64_t experts = 0;  // a mixture of experts' experts per layer (0: none), what parallel.ep splits
 };
 
 // Checks the parallel layout against the model and the world size (heads, kv heads, vocab and layers

@@ -109,6 +109,27 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
   if (p.pp == 1 && !config.model.pipeline_layers.empty())
     fail("model.pipeline_layers: only read with parallel.pp > 1 (remove it, or set pp)");
 
+  // Expert parallelism splits a mixture of experts' experts.
+  if (p.ep > 1 && dims.experts == 0)
+    fail(fmt::format(
+        "parallel.ep={}: this model has no experts to split over expert-parallel ranks (use ep 1)", p.ep));
+  if (p.ep > 1 && dims.experts % p.ep != 0)
+    fail(fmt::format("parallel.ep={} does not divide the model's {} experts", p.ep, dims.experts));
+
+  // What this build cannot run yet is refused rather than ignored.
+  if (p.ep > 1) {
+    const auto refuse = [&](const std::string& with) {
+      fail(
+          fmt::format("parallel.ep={} with {}: this version of Loom runs expert parallelism beside data "
+                      "parallelism only (tp, cp and pp 1, zero 0)",
+                      p.ep, with));
+    };
+    if (p.tp > 1) refuse(fmt::format("parallel.tp={}", p.tp));
+    if (p.cp > 1) refuse(fmt::format("parallel.cp={}", p.cp));
+    if (p.pp > 1) refuse(fmt::format("parallel.pp={}", p.pp));
+    if (p.zero != 0) refuse(fmt::format("parallel.zero={}", p.zero));
+  }
+
   int64_t dp = 0;
   try {
     dp = data_parallel_size(p, world_size);
@@ -132,10 +153,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
                     "parallel.pp={}, "
                     "but a step has {} per rank (global_batch_size / (micro_batch_size*dp) = {} / ({}*{}))",
                     p.virtual_stages, p.pp, micro_batches, t.global_batch_size, t.micro_batch_size, dp));
-
-  // The layout is sound; now refuse what this build cannot run rather than ignore it.
-  const char* kUnavailable = "is not available in this version of Loom";
-  if (p.ep > 1) fail(fmt::format("parallel.ep={}: expert parallelism {}", p.ep, kUnavailable));
 }
 
 }  // namespace loom::config

@@ -218,6 +218,7 @@ std::shared_ptr<core::Model> build_job_model(const config::JobConfig& job, const
   options.params.dtype = job.training.precision == "bf16" ? at::kBFloat16 : at::kFloat;
   options.params.tp = {layout.tp(), job.parallel.sequence_parallel};
   options.params.cp = cp;
+  options.params.ep = layout.parallel->ep();
   if (job.parallel.vision_tp == 1) options.vision_tp = parallel::TensorParallelGroup{};
   std::shared_ptr<core::Model> model = family.build(named.hf, named.source, options);
   family.init(*model, static_cast<uint64_t>(job.training.seed));

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include <vector>
+
+#include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
 
 namespace loom::parallel {
@@ -30,6 +33,39 @@ at::Tensor dispatch_rows(const ExpertDispatch& d, const at::Tensor& x) { return 
 at::Tensor combine_rows(const ExpertDispatch& d, const at::Tensor& rows, const at::Tensor& weights) {
   const at::Tensor scale = weights.flatten().index_select(0, d.slot).unsqueeze(1).to(rows.scalar_type());
   return at::zeros({d.tokens, rows.size(1)}, rows.options()).index_add(0, d.token, rows * scale);
+}
+
+at::Tensor exchange_with_experts(
+    const ExpertDispatch& d, const at::Tensor& rows, const std::shared_ptr<dist::Comm>& ep,
+    const std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& ends)>& experts) {
+  if (!ep || ep->size() == 1) return experts(rows, d.ends);
+  const int64_t ranks = ep->size(), local = d.experts / ranks;
+  if (d.experts % ranks != 0)
+    throw ModelError(fmt::format("expert parallelism: {} ranks do not split {} experts", ranks, d.experts));
+  // Rows per (destination rank, its expert), and per (source rank, this rank's expert): one
+  // exchange of the counts, then to the host for the splits.
+  const at::Tensor sent_counts = d.counts.to(at::kCPU).contiguous();
+  at::Tensor received_counts = at::empty({d.experts}, sent_counts.options());
+  ep->all_to_all(sent_counts, received_counts, std::vector<int64_t>(ranks, local),
+                 std::vector<int64_t>(ranks, local));
+  const at::Tensor by_source = received_counts.view({ranks, local});
+  std::vector<int64_t> send_splits(ranks), receive_splits(ranks);
+  for (int64_t r = 0; r < ranks; ++r) {
+    send_splits[r] = sent_counts.narrow(0, r * local, local).sum().item<int64_t>();
+    receive_splits[r] = by_source[r].sum().item<int64_t>();
+  }
+  const at::Tensor received = dist::all_to_all(rows, ep, receive_splits, send_splits);
+  // From each source, its rows for this rank's experts in expert order: regrouped by expert
+  // (stable: by source, then token order, within an expert).
+  const at::Tensor expert_of_row =
+      at::arange(local, at::kLong).repeat({ranks}).repeat_interleave(received_counts).to(rows.device());
+  const at::Tensor order = std::get<1>(
+      at::sort(expert_of_row, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
+  const at::Tensor ends = by_source.sum(0).cumsum(0).to(at::kInt).to(rows.device());
+  const at::Tensor out = experts(received.index_select(0, order), ends);
+  const at::Tensor inverse =
+      at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+  return dist::all_to_all(out.index_select(0, inverse), ep, send_splits, receive_splits);
 }
 
 }  // namespace loom::parallel

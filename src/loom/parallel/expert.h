@@ -4,6 +4,11 @@
 #pragma once
 #include <ATen/ATen.h>
 
+#include <functional>
+#include <memory>
+
+#include "loom/dist/comm.h"
+
 namespace loom::parallel {
 
 // The (token, pick) slots of T tokens with k picks each, sorted by expert. The sort is stable, so
@@ -25,5 +30,15 @@ at::Tensor dispatch_rows(const ExpertDispatch& d, const at::Tensor& x);
 // rows (T * k, H) in dispatch order, weights (T, k) -> (T, H): each token's rows, each times its
 // pick's weight, summed (in expert order).
 at::Tensor combine_rows(const ExpertDispatch& d, const at::Tensor& rows, const at::Tensor& weights);
+
+// The experts over the dispatched rows (T * k, H), grouped by expert: `experts` (rows grouped by
+// this rank's experts, their ends) -> its outputs, row for row. With `ep` (expert parallelism,
+// null or one rank: none) the experts are split over its ranks in equal consecutive blocks: each
+// row goes to the rank holding its expert (an all-to-all of unequal splits, whose sizes the ranks
+// first exchange from the device's counts), the rows a rank receives are regrouped by its experts,
+// and the outputs go back the same way. Differentiable; every rank of `ep` calls it together.
+at::Tensor exchange_with_experts(
+    const ExpertDispatch& d, const at::Tensor& rows, const std::shared_ptr<dist::Comm>& ep,
+    const std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& ends)>& experts);
 
 }  // namespace loom::parallel

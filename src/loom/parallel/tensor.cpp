@@ -210,6 +210,16 @@ std::map<std::string, ShardLayout> VocabParallelEmbedding::layouts() const {
   return {{"weight", split_layout(group_, 0)}};
 }
 
+ShardLayout expert_layout(const std::shared_ptr<dist::Comm>& ep) {
+  ShardLayout layout;
+  layout.dim = 0;
+  layout.chunks = ep->size();
+  layout.chunk = ep->rank();
+  layout.comm = ep;
+  layout.expert = true;
+  return layout;
+}
+
 ShardLayout whole_layout(const TensorParallelGroup& group) {
   ShardLayout whole;
   whole.comm = group.comm;

@@ -39,6 +39,8 @@ struct ParamOptions {
   bool shapes_only = false;
   TensorParallelGroup tp;
   ContextParallelGroup cp;  // what a model's training pass splits each sample's tokens over
+  // Expert parallelism: the group a mixture of experts splits its experts over (null: ep 1).
+  std::shared_ptr<dist::Comm> ep;
   at::TensorOptions tensor_options() const;
 };
 
@@ -58,6 +60,11 @@ struct ShardLayout {
   // A whole parameter used on one chunk of the sequence per rank (sequence parallelism: norms,
   // biases after a reduce-scatter): each rank's gradient is a partial sum over `comm`.
   bool partial_grad = false;
+  // The parameter's gradient group: false, the data-parallel group (dp x cp); true, an expert's
+  // weights split over the expert-parallel group `comm`, whose gradient already holds every token
+  // of that group and is summed over the expert-data-parallel group (the ranks holding the same
+  // experts).
+  bool expert = false;
 
   bool split() const { return dim >= 0 && chunks > 1; }
   // How many ranks hold each slice alike (a model with one kv head: every rank, unsplit).
@@ -98,6 +105,10 @@ ShardLayout sections_layout(const TensorParallelGroup& group, int64_t dim, std::
 // A whole parameter's layout in a layer that `group` runs on: its gradient is partial over the
 // group under sequence parallelism (each rank sees one chunk of the tokens).
 ShardLayout whole_layout(const TensorParallelGroup& group);
+
+// Experts' weights (experts first) split over the expert-parallel group `ep` in equal consecutive
+// blocks of experts; ShardLayout::expert.
+ShardLayout expert_layout(const std::shared_ptr<dist::Comm>& ep);
 
 // y = x W^T + b with W (out, in) split along `out` over the group: each rank holds out/size rows
 // (of each of `parts` fused blocks of out/parts rows, so every rank gets whole heads of q, k and v).

@@ -64,7 +64,7 @@ class WholeAdamW : public Optimizer {
 
  private:
   AdamW adamw_;
-  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null at tp 1
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null: no parameter is split over ranks
 };
 
 // ZeRO-1 or FSDP: each rank updates its slices (of its tensor-parallel slices, under tensor
@@ -90,12 +90,13 @@ class ShardedOptimizer : public Optimizer {
 
  private:
   std::shared_ptr<ShardedAdamW> sharded_;
-  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null at tp 1
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null: no parameter is split over ranks
 };
 
-// Every layout's gradient sums in one object: over the data-parallel group one of the bucketed
-// all-reduce (reducer), ZeRO-1's reduce-scatter (sharded without fsdp) or FSDP's (fsdp); then over
-// the tensor-parallel group the partial and replicated-slice sums.
+// Every layout's gradient sums in one object: over each parameter's gradient group (the data group;
+// experts under expert parallelism, the expert-data group) one of the bucketed all-reduce
+// (reducers, one per group), ZeRO-1's reduce-scatter (sharded without fsdp) or FSDP's (fsdp); then
+// over the tensor-parallel group the partial and replicated-slice sums.
 class LayoutGradients : public GradientSync {
  public:
   std::shared_ptr<dist::Comm> data;  // null: one process
@@ -103,25 +104,41 @@ class LayoutGradients : public GradientSync {
   std::map<std::string, parallel::ShardLayout> layouts;
   std::vector<at::Tensor> trainable;
   std::vector<std::string> names;
-  // Each trainable parameter's share of its squared gradient norm in the sum over tp (0: whole on
-  // every rank, counted once; 1: a slice; 1/n: a slice n ranks hold alike); empty at tp 1.
-  std::vector<double> tp_share;
+  // The group parameters are split over (tp, or ep for experts; null: none), and each trainable
+  // parameter's share of its squared gradient norm in the sum over it (0: whole on every rank,
+  // counted once; 1: a slice; 1/n: a slice n ranks hold alike); empty when nothing is split.
+  std::shared_ptr<dist::Comm> split;
+  std::vector<double> split_share;
   // By name: under sequence parallelism, whole parameters whose gradient is a partial sum over tp;
   // and the replicated kv slices whose gradient is a partial sum over the ranks holding them.
   std::set<std::string> partial_names;
   std::map<std::string, parallel::ShardLayout> replicated_layouts;
-  std::unique_ptr<dist::GradReducer> reducer;
+  // Bucketed all-reduce, one per gradient group that spans ranks (the data group's first).
+  std::vector<std::unique_ptr<dist::GradReducer>> reducers;
   std::shared_ptr<parallel::FullyShardedModel> fsdp;
   std::shared_ptr<ShardedAdamW> sharded;
   std::shared_ptr<PipelinePlacement> pipeline;  // null: pp 1
-  std::vector<bool> counted;                    // under pp: whether this rank counts trainable[i]'s norm
+  // Expert parallelism: every expert parameter (trainable or not) with its layout, and while the
+  // parameters are whole (evaluation, loading, saving), its own slice. Gathered whole, an expert
+  // layer holds every expert and runs them on its own rank's tokens, so ranks may evaluate
+  // different batches.
+  struct SplitExpert {
+    at::Tensor param;
+    parallel::ShardLayout layout;
+    at::Tensor local;
+  };
+  std::vector<SplitExpert> experts;
+  std::vector<bool> counted;     // under pp: whether this rank counts trainable[i]'s norm
   int64_t interleave_group = 0;  // interleaved pipeline: the micro-batches come in groups of pp
   int64_t bucket_mb = 0;
   bool overlap = false;
+  // Expert parallelism: every pass exchanges tokens with the other data ranks, so each makes the
+  // same number of passes.
+  int64_t expert_parallel = 1;
 
   std::pair<size_t, double> passes_and_total(size_t local, double count) override {
     std::vector<double> counts{count};
-    if (fsdp || interleave_group > 1) {
+    if (fsdp || interleave_group > 1 || expert_parallel > 1) {
       counts.resize(1 + static_cast<size_t>(data->size()), 0.0);
       counts[1 + static_cast<size_t>(data->rank())] = static_cast<double>(local);
     }
@@ -141,6 +158,12 @@ class LayoutGradients : public GradientSync {
             "and data rank {} has {} this step (samples dropped or packed into fewer micro-batches; use "
             "virtual_stages 1, or a batch whose micro-batches are always a multiple of pp)",
             interleave_group, r - 1, static_cast<int64_t>(counts[r])));
+      if (expert_parallel > 1 && static_cast<size_t>(counts[r]) != static_cast<size_t>(counts[1]))
+        throw ConfigError(fmt::format(
+            "parallel.ep={}: every pass exchanges tokens between the data ranks, and this step data rank 0 "
+            "has {} micro-batches and rank {} has {} (samples dropped or packed into fewer micro-batches; "
+            "use a data set and batch whose micro-batches are the same on every rank)",
+            expert_parallel, static_cast<int64_t>(counts[1]), r - 1, static_cast<int64_t>(counts[r])));
     }
     return {passes, counts[0]};
   }
@@ -161,13 +184,15 @@ class LayoutGradients : public GradientSync {
   }
   void before_backward(bool last) override {
     // Only the last micro-batch's backward communicates: earlier ones only accumulate.
-    if (reducer && last) reducer->arm();
+    if (last)
+      for (auto& reducer : reducers) reducer->arm();
   }
 
   double reduce() override {
     if (!data) return 0.0;
     // Each rank holds its share's part of the global mean's gradient: their sum is the gradient.
-    double waited = reducer ? reducer->finish() : 0.0;
+    double waited = 0.0;
+    for (auto& reducer : reducers) waited += reducer->finish();
     const auto begin = Clock::now();
     if (fsdp) {
       sum_tensor_parallel_shards();  // FSDP has reduce-scattered over the data-parallel ranks
@@ -236,22 +261,35 @@ class LayoutGradients : public GradientSync {
 
   double clip(double max_norm) override {
     if (sharded) return sharded->clip_gradients(max_norm);
-    if (pipeline) return clip_grad_norm(trainable, tp_share, counted, tp.get(), *pipeline->comm(), max_norm);
-    if (tp_share.empty()) return clip_grad_norm(trainable, max_norm);
-    return clip_grad_norm(trainable, tp_share, *tp, max_norm);
+    if (pipeline)
+      return clip_grad_norm(trainable, split_share, counted, tp.get(), *pipeline->comm(), max_norm);
+    if (split_share.empty()) return clip_grad_norm(trainable, max_norm);
+    return clip_grad_norm(trainable, split_share, *split, max_norm);
   }
 
   void gather_parameters() override {
     if (fsdp) fsdp->gather_all();
     if (pipeline) pipeline->gather();
+    at::NoGradGuard no_grad;
+    for (SplitExpert& e : experts) {
+      e.local = e.param.data();
+      e.param.set_data(e.layout.gather(e.local));
+    }
   }
   void release_parameters() override {
     if (pipeline) pipeline->release();
     if (fsdp) fsdp->release_all();
+    for (SplitExpert& e : experts) {
+      e.param.set_data(e.local);
+      e.local = at::Tensor();
+    }
   }
   void reshard_from_parameters() override {
     if (fsdp) fsdp->reshard_from_parameters();
     if (pipeline) pipeline->release();
+    at::NoGradGuard no_grad;
+    for (SplitExpert& e : experts)
+      if (e.local.defined()) e.local.copy_(e.layout.slice(e.param.data()));
   }
 
   std::vector<std::pair<std::string, at::Tensor>> whole_gradients() const override {
@@ -266,12 +304,19 @@ class LayoutGradients : public GradientSync {
   }
 
   std::string summary(double waited_s, double step_s) const override {
-    if (reducer)
+    if (!reducers.empty()) {
+      int64_t buckets = 0, started = 0;
+      for (const auto& reducer : reducers) {
+        buckets += reducer->bucket_count();
+        started += reducer->started_in_backward();
+      }
       return fmt::format(
           "gradient all-reduce: {:.3f} s waited after backward in {:.1f} s of steps ({} buckets of up to {} "
-          "MiB, overlap {}; last step: {} started during backward)",
-          waited_s, step_s, reducer->bucket_count(), bucket_mb, overlap ? "on" : "off",
-          reducer->started_in_backward());
+          "MiB{}, overlap {}; last step: {} started during backward)",
+          waited_s, step_s, buckets, bucket_mb,
+          reducers.size() > 1 ? ", the experts' over the expert-data group" : "", overlap ? "on" : "off",
+          started);
+    }
     if (sharded && !fsdp)
       return fmt::format("gradient reduce-scatter (ZeRO-1): {:.3f} s after backward in {:.1f} s of steps",
                          waited_s, step_s);
@@ -366,14 +411,41 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   }
   const auto& layouts = sync->layouts;
   const int64_t tp_size = tp ? tp->size() : 1;
+  // Expert parallelism: the experts' weights are slices over ep (whose norms sum over it), and
+  // their gradients sum over the expert-data group rather than the data group.
+  const std::shared_ptr<dist::Comm>& ep = state->ep();
+  std::vector<at::Tensor> data_grads, expert_grads;
+  for (const auto& param : params) {
+    auto it = layouts.find(param.name);
+    const bool expert = ep && it != layouts.end() && it->second.expert;
+    (expert ? expert_grads : data_grads).push_back(param.param);
+    if (ep) sync->split_share.push_back(expert ? 1.0 : 0.0);
+  }
+  if (ep) {
+    sync->split = ep;
+    sync->expert_parallel = ep->size();
+    for (const auto& item : model.module().named_parameters(/*recurse=*/true))
+      if (auto it = layouts.find(item.key()); it != layouts.end() && it->second.expert)
+        sync->experts.push_back({item.value(), it->second, {}});
+    int64_t expert_bytes = 0;
+    for (const at::Tensor& t : expert_grads) expert_bytes += static_cast<int64_t>(t.nbytes());
+    spdlog::info(
+        "expert parallelism (ep={}): this rank (expert rank {}) holds 1/{} of every MoE layer's experts, {} "
+        "of their {} parameter bytes; their gradients are summed over {} expert-data-parallel rank(s), the "
+        "other parameters' over the {} data-parallel ranks",
+        ep->size(), ep->rank(), ep->size(), expert_bytes, expert_bytes * ep->size(),
+        state->group({dist::Axis::edp})->size(), data ? data->size() : 1);
+  }
   if (tp_size > 1) {
+    if (ep) throw ConfigError("parallel.ep with parallel.tp: not available in this version of Loom");
+    sync->split = tp;
     for (const auto& param : params) {
       auto it = layouts.find(param.name);
       // A slice's squared norm counts once over the ranks holding it alike. (A layer built over no
       // group, such as the vision tower at vision_tp 1, is whole.)
       const bool cut =
           it != layouts.end() && it->second.dim >= 0 && it->second.comm && it->second.comm->size() > 1;
-      sync->tp_share.push_back(cut ? 1.0 / static_cast<double>(it->second.replicas()) : 0.0);
+      sync->split_share.push_back(cut ? 1.0 / static_cast<double>(it->second.replicas()) : 0.0);
       if (cut && it->second.replicas() > 1) {
         if (it->second.parts != 1)
           throw ModelError(fmt::format("{}: a slice shared by several ranks must be one block", param.name));
@@ -388,7 +460,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   AppliedPlan plan;
   plan.state = state;
   ModelStateBytes& bytes = plan.bytes;
-  const std::map<std::string, parallel::ShardLayout>* tp_layouts = tp_size > 1 ? &sync->layouts : nullptr;
+  const std::map<std::string, parallel::ShardLayout>* tp_layouts =
+      tp_size > 1 || ep ? &sync->layouts : nullptr;
   AdamWOptions adamw{t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay};
   // Two memory features are CPU code today: an explicit refusal, not a silent no-op, on a GPU.
   if (t.device == "cuda" && job.features.reuse_fp32_param)
@@ -456,8 +529,12 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
                            adamw.split_master ? ", held as 16-bit residuals beside the bf16 parameters" : "");
     } else {
       if (data)
-        sync->reducer = std::make_unique<dist::GradReducer>(data, sync->trainable, p.bucket_mb << 20,
-                                                            p.overlap_grad_reduce);
+        sync->reducers.push_back(std::make_unique<dist::GradReducer>(
+            data, std::move(data_grads), p.bucket_mb << 20, p.overlap_grad_reduce));
+      const std::shared_ptr<dist::Comm> expert_data = ep ? state->group({dist::Axis::edp}) : nullptr;
+      if (expert_data && expert_data->size() > 1)
+        sync->reducers.push_back(std::make_unique<dist::GradReducer>(
+            expert_data, std::move(expert_grads), p.bucket_mb << 20, p.overlap_grad_reduce));
       auto whole = std::make_unique<WholeAdamW>(params, adamw, tp_layouts);
       bytes.optimizer = whole->state_bytes();
       if (adamw.split_master)
@@ -477,7 +554,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     // The norm over tensor-parallel slices counts each slice's share (whole parameters once).
     std::map<std::string, double> share;
     for (size_t i = 0; i < params.size(); ++i)
-      if (sync->tp_share[i] > 0) share.emplace(params[i].name, sync->tp_share[i]);
+      if (sync->split_share[i] > 0) share.emplace(params[i].name, sync->split_share[i]);
     sync->sharded->set_tensor_parallel(tp, std::move(share));
   }
 

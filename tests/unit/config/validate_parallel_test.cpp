@@ -113,13 +113,38 @@ TEST(ValidateParallel, GlobalBatchDividesIntoMicroBatchesPerRank) {
             "job.yaml: training.global_batch_size=12 is not divisible by micro_batch_size*dp = 8*1 = 8");
 }
 
+// The tiny model with a mixture of 6 experts in its layers.
+ModelDims with_experts(int64_t experts) {
+  ModelDims dims = kTiny;
+  dims.experts = experts;
+  return dims;
+}
+
 TEST(ValidateParallel, ExpertAndSequenceParallelShapes) {
-  EXPECT_EQ(error_of(job({"parallel.ep=3", "parallel.dp=2"}), kTiny, 2),
+  EXPECT_EQ(error_of(job({"parallel.ep=3", "parallel.dp=2"}), with_experts(6), 2),
             "job.yaml: parallel.ep=3 does not divide dp*cp = 2*1 = 2 (expert ranks are carved from them)");
   EXPECT_EQ(
       error_of(job({"parallel.sequence_parallel=true"}), kTiny, 1),
       "job.yaml: parallel.sequence_parallel=true needs parallel.tp > 1 (it splits the sequence across tp "
       "ranks)");
+}
+
+TEST(ValidateParallel, ExpertParallelLayouts) {
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2"}), with_experts(8), 2));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=4"}), with_experts(8), 4));
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2"}), with_experts(8), 4));  // 2 expert-data ranks
+  EXPECT_EQ(
+      error_of(job({"parallel.ep=2"}), kTiny, 2),
+      "job.yaml: parallel.ep=2: this model has no experts to split over expert-parallel ranks (use ep 1)");
+  EXPECT_EQ(error_of(job({"parallel.ep=3"}), with_experts(8), 3),
+            "job.yaml: parallel.ep=3 does not divide the model's 8 experts");
+  for (const char* with : {"parallel.tp=2", "parallel.zero=1", "parallel.zero=3", "parallel.pp=2"})
+    EXPECT_EQ(
+        error_of(job({"parallel.ep=2", with}), with_experts(8), 4),
+        std::string("job.yaml: parallel.ep=2 with ") + with +
+            ": this version of Loom runs expert parallelism beside data parallelism only (tp, cp and pp "
+            "1, zero 0)")
+        << with;
 }
 
 TEST(ValidateParallel, TensorParallelLayoutsPass) {
@@ -157,8 +182,10 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
   EXPECT_NO_THROW(
       validate_parallel(job({"parallel.pp=2", "parallel.zero=3", "training.micro_batch_size=4"}), kTiny, 4));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=2", "parallel.pp=2"}), kTiny, 4));
-  EXPECT_EQ(error_of(job({"parallel.ep=2"}), kTiny, 2),
-            "job.yaml: parallel.ep=2: expert parallelism is not available in this version of Loom");
+  // Expert parallelism runs beside data parallelism; with context parallelism it is not built yet.
+  EXPECT_EQ(error_of(job({"parallel.ep=2", "parallel.cp=2"}), with_experts(8), 4),
+            "job.yaml: parallel.ep=2 with parallel.cp=2: this version of Loom runs expert parallelism beside "
+            "data parallelism only (tp, cp and pp 1, zero 0)");
 }
 
 // Context parallelism: any cp that divides the world; Ulysses groups that divide cp and split the

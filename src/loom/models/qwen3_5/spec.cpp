@@ -79,11 +79,12 @@ Family qwen3_5_family(const char* name) {
           p.tp, c.text.linear.num_key_heads));
     config::JobConfig whole_tower = job;  // the vision tower's heads need not split
     whole_tower.parallel.vision_tp = 1;
-    config::validate_parallel(whole_tower,
-                              {c.text.attention.num_heads, c.text.attention.num_kv_heads, c.vision.num_heads,
-                               c.text.vocab_size, static_cast<int64_t>(c.text.layer_types.size()),
-                               c.vision.depth + static_cast<int64_t>(c.text.layer_types.size())},
-                              world_size);
+    config::validate_parallel(
+        whole_tower,
+        {c.text.attention.num_heads, c.text.attention.num_kv_heads, c.vision.num_heads, c.text.vocab_size,
+         static_cast<int64_t>(c.text.layer_types.size()),
+         c.vision.depth + static_cast<int64_t>(c.text.layer_types.size()), c.text.num_experts},
+        world_size);
   };
   family.build = [](const nlohmann::json& hf, const std::string& source, const BuildOptions& options) {
     if (options.vision_tp && options.vision_tp->size() > 1)

@@ -24,11 +24,29 @@ at::Tensor Mlp::forward(const at::Tensor& x) const {
 }
 
 Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options)
-    : group_(options.tp) {
+    : group_(options.tp), ep_(options.ep && options.ep->size() > 1 ? options.ep : nullptr), total_(experts) {
+  const int64_t ranks = ep_ ? ep_->size() : 1;
+  if (experts % ranks != 0)
+    throw ConfigError(
+        fmt::format("parallel.ep={} does not divide the model's {} experts (num_experts)", ranks, experts));
+  const int64_t local = experts / ranks;
   gate_up_proj = register_parameter("gate_up_proj",
-                                    at::empty({experts, 2 * intermediate, hidden}, options.tensor_options()));
+                                    at::empty({local, 2 * intermediate, hidden}, options.tensor_options()));
   down_proj =
-      register_parameter("down_proj", at::empty({experts, hidden, intermediate}, options.tensor_options()));
+      register_parameter("down_proj", at::empty({local, hidden, intermediate}, options.tensor_options()));
+}
+
+std::map<std::string, parallel::ShardLayout> Experts::layouts() const {
+  const parallel::ShardLayout layout = ep() ? parallel::expert_layout(ep_) : parallel::whole_layout(group_);
+  return {{"gate_up_proj", layout}, {"down_proj", layout}};
+}
+
+at::Tensor Experts::forward(const at::Tensor& rows, const at::Tensor& ends) const {
+  const int64_t intermediate = down_proj.size(2);
+  const at::Tensor both = kernels::grouped_mm(rows, gate_up_proj, ends);
+  return kernels::grouped_mm(
+      at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate), down_proj,
+      ends);
 }
 
 SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions& options)
@@ -55,16 +73,13 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logit
   auto [weights, chosen] = probabilities.topk(top_k, -1);
   weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
   // The tokens' picks as rows grouped by expert, every expert over its rows in one grouped
-  // product, each row weighted and added back at its token.
-  const parallel::ExpertDispatch dispatch =
-      parallel::dispatch_by_expert(chosen, experts->gate_up_proj.size(0));
-  const int64_t intermediate = experts->down_proj.size(2);
-  const at::Tensor both =
-      kernels::grouped_mm(parallel::dispatch_rows(dispatch, x), experts->gate_up_proj, dispatch.ends);
-  const at::Tensor hidden =
-      at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate);
-  const at::Tensor routed = parallel::combine_rows(
-      dispatch, kernels::grouped_mm(hidden, experts->down_proj, dispatch.ends), weights);
+  // product (under expert parallelism on the rank holding it), each row weighted and added back at
+  // its token.
+  const parallel::ExpertDispatch dispatch = parallel::dispatch_by_expert(chosen, experts->total());
+  const at::Tensor out = parallel::exchange_with_experts(
+      dispatch, parallel::dispatch_rows(dispatch, x), experts->ep(),
+      [this](const at::Tensor& rows, const at::Tensor& ends) { return experts->forward(rows, ends); });
+  const at::Tensor routed = parallel::combine_rows(dispatch, out, weights);
   return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
 }
 

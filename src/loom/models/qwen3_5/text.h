@@ -46,17 +46,24 @@ class Mlp : public torch::nn::Module {
 
 // The experts' weights as transformers fuses them: experts.gate_up_proj (E, 2 * I, hidden), each
 // expert's gate rows then its up rows; experts.down_proj (E, hidden, I). Whole on every
-// tensor-parallel rank (replicated; expert parallelism is what splits them).
+// tensor-parallel rank (replicated). Under expert parallelism (options.ep) each rank of the group
+// holds E / ep consecutive experts.
 class Experts : public torch::nn::Module, public parallel::Sharded {
  public:
   Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options);
-  std::map<std::string, parallel::ShardLayout> layouts() const override {
-    return {{"gate_up_proj", parallel::whole_layout(group_)}, {"down_proj", parallel::whole_layout(group_)}};
-  }
+  // rows (M, hidden) grouped by this rank's experts (parallel/expert.h: `ends`) -> (M, hidden).
+  at::Tensor forward(const at::Tensor& rows, const at::Tensor& ends) const;
+  // Split over ep, or whole: every expert here (ep 1, or gathered whole for evaluation).
+  std::map<std::string, parallel::ShardLayout> layouts() const override;
+  // The group the experts are split over now; null when this rank holds them all.
+  std::shared_ptr<dist::Comm> ep() const { return gate_up_proj.size(0) == total_ ? nullptr : ep_; }
+  int64_t total() const { return total_; }  // every rank's experts
   at::Tensor gate_up_proj, down_proj;
 
  private:
   parallel::TensorParallelGroup group_;
+  std::shared_ptr<dist::Comm> ep_;  // null: ep 1
+  int64_t total_ = 0;
 };
 
 // The sparse block: router (gate) softmax in fp32 over the experts, the top k renormalised to sum to
