@@ -9,7 +9,8 @@
 #   linear-attention state passed along the ranks); so does the MoE model with output_router_logits
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
-#   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token), loaded from transformers'
+#   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
+#   each expert's gradient summed over the 2 holding it), loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
 #   every layout; ep=2's and ep=4's step-20 weights are one process's within 1e-5, and ep=4's
 #   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses;
@@ -150,7 +151,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -164,7 +165,9 @@ for variant in dense moe; do
       cp2tp2sp) extra=(--set parallel.cp=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;;
       # Expert parallelism: each data rank holds 4 experts (ep2) or 2 (ep4, one sample a rank).
       ep2) extra=(--set parallel.ep=2 --set training.save_every=10);;
-      ep4) extra=(--set parallel.ep=4 --set training.micro_batch_size=1 --set training.save_every=10); ranks=4;; esac
+      ep4) extra=(--set parallel.ep=4 --set training.micro_batch_size=1 --set training.save_every=10); ranks=4;;
+      # ep=2 over 4 data ranks: each expert on two of them, its gradient summed over both.
+      ep2dp4) extra=(--set parallel.ep=2 --set training.micro_batch_size=1); ranks=4;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
