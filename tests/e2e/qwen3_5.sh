@@ -10,9 +10,10 @@
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
-#   each expert's gradient summed over the 2 holding it), loaded from transformers'
+#   each expert's gradient summed over the 2 holding it, also under ZeRO-1), loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
-#   every layout; ep=2's and ep=4's step-20 weights are one process's within 1e-5, and ep=4's
+#   every layout; the step-20 weights of ep=2, ep=4 and ep=2 x ZeRO-1 on 4 ranks are one process's
+#   within 1e-5, and ep=4's
 #   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses;
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
@@ -151,7 +152,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -167,7 +168,10 @@ for variant in dense moe; do
       ep2) extra=(--set parallel.ep=2 --set training.save_every=10);;
       ep4) extra=(--set parallel.ep=4 --set training.micro_batch_size=1 --set training.save_every=10); ranks=4;;
       # ep=2 over 4 data ranks: each expert on two of them, its gradient summed over both.
-      ep2dp4) extra=(--set parallel.ep=2 --set training.micro_batch_size=1); ranks=4;; esac
+      ep2dp4) extra=(--set parallel.ep=2 --set training.micro_batch_size=1); ranks=4;;
+      # ZeRO-1 over each gradient group: the experts' state over their 2 expert-data ranks.
+      ep2dp4zero1) extra=(--set parallel.ep=2 --set parallel.zero=1 --set training.micro_batch_size=1
+                          --set training.save_every=10); ranks=4;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
@@ -192,16 +196,21 @@ if variant == "moe":
           f"the same in every layout")
 PY
 done
-# Expert parallelism's checkpoints: the step-20 weights of ep=2 and ep=4 are one process's within
-# 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of step 10 resumes
-# in one process and at ep=2 with one process's losses of steps 11 to 20.
-for resumed in 1 2; do
-  mkdir -p "$WORK/moe-resumed-ep$resumed" && cp -r "$WORK/moe-ep4/step-00000010" "$WORK/moe-resumed-ep$resumed/"
-  run=("$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/moe-resumed-ep$resumed")
-  [ $resumed = 2 ] && run=("$LOOM" run -n 2 -- "${run[@]}" --set parallel.ep=2)
-  "${run[@]}" > "$WORK/moe-resumed-ep$resumed.log" 2>&1 || { cat "$WORK/moe-resumed-ep$resumed.log"; fail "resume at ep=$resumed"; }
-  grep -q "resum.*step-00000010" "$WORK/moe-resumed-ep$resumed.log" ||
-    { cat "$WORK/moe-resumed-ep$resumed.log"; fail "no resume at ep=$resumed"; }
+# Expert parallelism's checkpoints: the step-20 weights of ep=2, ep=4 and ep=2 x ZeRO-1 are one
+# process's within 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of
+# step 10 resumes in one process and at ep=2, and the ep=2 x ZeRO-1 one (its optimizer state in two
+# groups) at ep=4 with ZeRO-1, each with one process's losses of steps 11 to 20.
+for resumed in ep1 ep2 ep4zero1; do
+  from=moe-ep4 && [ $resumed = ep4zero1 ] && from=moe-ep2dp4zero1
+  mkdir -p "$WORK/moe-resumed-$resumed" && cp -r "$WORK/$from/step-00000010" "$WORK/moe-resumed-$resumed/"
+  run=("$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/moe-resumed-$resumed")
+  case $resumed in
+    ep2) run=("$LOOM" run -n 2 -- "${run[@]}" --set parallel.ep=2);;
+    ep4zero1) run=("$LOOM" run -n 4 -- "${run[@]}" --set parallel.ep=4 --set parallel.zero=1
+                   --set training.micro_batch_size=1);; esac
+  "${run[@]}" > "$WORK/moe-resumed-$resumed.log" 2>&1 || { cat "$WORK/moe-resumed-$resumed.log"; fail "resume at $resumed"; }
+  grep -q "resum.*step-00000010" "$WORK/moe-resumed-$resumed.log" ||
+    { cat "$WORK/moe-resumed-$resumed.log"; fail "no resume at $resumed"; }
 done
 python3 - "$WORK" "$SRC/tests/e2e" <<'PY' || fail "expert parallelism's checkpoints differ from one process's"
 import sys
@@ -209,7 +218,7 @@ work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 from runs import steps, tensors
 one = tensors(f"{work}/moe-one/step-00000020/model.safetensors")
-for layout in ("ep2", "ep4"):
+for layout in ("ep2", "ep4", "ep2dp4zero1"):
     theirs = tensors(f"{work}/moe-{layout}/step-00000020/model.safetensors")
     assert sorted(theirs) == sorted(one) and all(len(theirs[k]) == len(one[k]) for k in one), layout
     worst = max(max(abs(a - b) for a, b in zip(one[k], theirs[k])) / max(1.0, max(abs(a) for a in one[k]))
@@ -217,11 +226,13 @@ for layout in ("ep2", "ep4"):
     print(f"qwen3.5 moe {layout}: step-20 weights within {worst:.2e} of one process's (every tensor, whole)")
     assert worst <= 1e-5, (layout, worst)
 reference = steps(f"{work}/moe-one/metrics.jsonl")
-for resumed in ("ep1", "ep2"):
+for resumed in ("ep1", "ep2", "ep4zero1"):
     run = steps(f"{work}/moe-resumed-{resumed}/metrics.jsonl")
     assert sorted(run) == list(range(11, 21)), (resumed, sorted(run))
     worst = max(abs(run[s]["loss"] - reference[s]["loss"]) / reference[s]["loss"] for s in run)
-    print(f"qwen3.5 moe: the ep=4 checkpoint of step 10 resumed at {resumed.replace('ep', 'ep=')}: "
+    origin = "ep=2 x ZeRO-1" if resumed == "ep4zero1" else "ep=4"
+    target = {"ep1": "ep=1", "ep2": "ep=2", "ep4zero1": "ep=4 with ZeRO-1"}[resumed]
+    print(f"qwen3.5 moe: the {origin} checkpoint of step 10 resumed at {target}: "
           f"step 11 loss {run[11]['loss']:.8f} (one process {reference[11]['loss']:.8f}), "
           f"steps 11-20 within {worst:.2e}")
     assert worst <= 1e-5, (resumed, worst)

@@ -121,13 +121,13 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
     const auto refuse = [&](const std::string& with) {
       fail(
           fmt::format("parallel.ep={} with {}: this version of Loom runs expert parallelism beside data "
-                      "parallelism only (tp, cp and pp 1, zero 0)",
+                      "parallelism only (tp, cp and pp 1, zero 0 or 1)",
                       p.ep, with));
     };
     if (p.tp > 1) refuse(fmt::format("parallel.tp={}", p.tp));
     if (p.cp > 1) refuse(fmt::format("parallel.cp={}", p.cp));
     if (p.pp > 1) refuse(fmt::format("parallel.pp={}", p.pp));
-    if (p.zero != 0) refuse(fmt::format("parallel.zero={}", p.zero));
+    if (p.zero == 3) refuse(fmt::format("parallel.zero={}", p.zero));
   }
 
   int64_t dp = 0;

@@ -93,6 +93,49 @@ class ShardedOptimizer : public Optimizer {
   const std::map<std::string, parallel::ShardLayout>* tp_layouts_;  // null: no parameter is split over ranks
 };
 
+// Optimizers over disjoint sets of parameters (each gradient group's), as one: a checkpoint's state
+// holds every part's entries (and "step" once), each part loads its own parameters' entries.
+class GroupedOptimizer : public Optimizer {
+ public:
+  struct Part {
+    std::unique_ptr<Optimizer> optimizer;
+    std::set<std::string> names;  // its parameters
+  };
+  explicit GroupedOptimizer(std::vector<Part> parts) : parts_(std::move(parts)) {}
+  void step(double lr) override {
+    for (Part& part : parts_) part.optimizer->step(lr);
+  }
+  void skip_step() override {
+    for (Part& part : parts_) part.optimizer->skip_step();
+  }
+  std::vector<std::pair<std::string, at::Tensor>> state_dict() const override {
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    for (const Part& part : parts_)
+      for (auto& entry : part.optimizer->state_dict())
+        if (entry.first != "step" || &part == &parts_.front()) state.push_back(std::move(entry));
+    return state;
+  }
+  void load_state_dict(const std::vector<std::pair<std::string, at::Tensor>>& state) override {
+    std::vector<std::vector<std::pair<std::string, at::Tensor>>> shares(parts_.size());
+    for (const auto& [key, value] : state) {
+      const size_t dot = key.find('.');
+      bool placed = false;
+      for (size_t i = 0; i < parts_.size(); ++i)
+        if (key == "step" || (dot != std::string::npos && parts_[i].names.count(key.substr(dot + 1)))) {
+          shares[i].emplace_back(key, value);
+          placed = true;
+        }
+      if (!placed)
+        throw CheckpointError(fmt::format(
+            "optimizer state: unexpected entry '{}' (no parameter of that name in this optimizer)", key));
+    }
+    for (size_t i = 0; i < parts_.size(); ++i) parts_[i].optimizer->load_state_dict(shares[i]);
+  }
+
+ private:
+  std::vector<Part> parts_;
+};
+
 // Every layout's gradient sums in one object: over each parameter's gradient group (the data group;
 // experts under expert parallelism, the expert-data group) one of the bucketed all-reduce
 // (reducers, one per group), ZeRO-1's reduce-scatter (sharded without fsdp) or FSDP's (fsdp); then
@@ -117,6 +160,9 @@ class LayoutGradients : public GradientSync {
   std::vector<std::unique_ptr<dist::GradReducer>> reducers;
   std::shared_ptr<parallel::FullyShardedModel> fsdp;
   std::shared_ptr<ShardedAdamW> sharded;
+  // ZeRO-1 under expert parallelism: the experts' own, over the expert-data group (sharded is then
+  // the other parameters', over the data group).
+  std::shared_ptr<ShardedAdamW> expert_sharded;
   std::shared_ptr<PipelinePlacement> pipeline;  // null: pp 1
   // Expert parallelism: every expert parameter (trainable or not) with its layout, and while the
   // parameters are whole (evaluation, loading, saving), its own slice. Gathered whole, an expert
@@ -200,6 +246,7 @@ class LayoutGradients : public GradientSync {
       sum_tensor_parallel_parts();
       if (pipeline) pipeline->sum_shared_gradients();    // a tied embedding's two stages
       if (sharded) sharded->reduce_scatter_gradients();  // ZeRO-1
+      if (expert_sharded) expert_sharded->reduce_scatter_gradients();
     }
     return waited + seconds_since(begin);
   }
@@ -260,6 +307,12 @@ class LayoutGradients : public GradientSync {
   }
 
   double clip(double max_norm) override {
+    if (sharded && expert_sharded) {
+      const double norm = std::sqrt(sharded->gradient_square() + expert_sharded->gradient_square());
+      sharded->clip_to(norm, max_norm);
+      expert_sharded->clip_to(norm, max_norm);
+      return norm;
+    }
     if (sharded) return sharded->clip_gradients(max_norm);
     if (pipeline)
       return clip_grad_norm(trainable, split_share, counted, tp.get(), *pipeline->comm(), max_norm);
@@ -520,7 +573,34 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   } else {
     for (const auto& param : params) bytes.parameters += static_cast<int64_t>(param.param.nbytes());
     bytes.gradients = bytes.parameters;  // whole gradients, which ZeRO-1 reduce-scatters after backward
-    if (data && p.zero == 1) {
+    if (data && p.zero == 1 && ep) {
+      // ZeRO-1 over each gradient group: the experts' slices over the expert-data ranks (their norm
+      // summed over ep), the other parameters' over the data ranks.
+      std::vector<NamedParam> dense, experts;
+      std::map<std::string, double> expert_share;
+      std::set<std::string> dense_names, expert_names;
+      for (const auto& param : params) {
+        auto it = layouts.find(param.name);
+        const bool expert = it != layouts.end() && it->second.expert;
+        (expert ? experts : dense).push_back(param);
+        (expert ? expert_names : dense_names).insert(param.name);
+        if (expert) expert_share.emplace(param.name, 1.0);
+      }
+      sync->sharded = std::make_shared<ShardedAdamW>(data, dense, adamw);
+      sync->expert_sharded =
+          std::make_shared<ShardedAdamW>(state->group({dist::Axis::edp}), std::move(experts), adamw);
+      sync->expert_sharded->set_tensor_parallel(ep, std::move(expert_share));
+      std::vector<GroupedOptimizer::Part> parts;
+      parts.push_back({std::make_unique<ShardedOptimizer>(sync->sharded, nullptr), std::move(dense_names)});
+      parts.push_back(
+          {std::make_unique<ShardedOptimizer>(sync->expert_sharded, tp_layouts), std::move(expert_names)});
+      plan.optimizer = std::make_unique<GroupedOptimizer>(std::move(parts));
+      bytes.optimizer = sync->sharded->state_bytes() + sync->expert_sharded->state_bytes();
+      layout = fmt::format(
+          " (ZeRO-1: 1/{} of the master weights{} and moments; the experts' over {} expert-data rank(s))",
+          data->size(), adamw.split_master ? ", held as 16-bit residuals beside the bf16 parameters" : "",
+          state->group({dist::Axis::edp})->size());
+    } else if (data && p.zero == 1) {
       // ZeRO-1: the optimizer reduce-scatters the gradients itself.
       sync->sharded = std::make_shared<ShardedAdamW>(data, params, adamw);
       plan.optimizer = std::make_unique<ShardedOptimizer>(sync->sharded, tp_layouts);

@@ -108,6 +108,12 @@ void ShardedAdamW::set_pipeline(std::shared_ptr<dist::Comm> pipeline, std::set<s
 }
 
 double ShardedAdamW::clip_gradients(double max_norm) {
+  const double norm = std::sqrt(gradient_square());
+  clip_to(norm, max_norm);
+  return norm;
+}
+
+double ShardedAdamW::gradient_square() {
   at::NoGradGuard no_grad;
   // One message: the squared norm of this rank's slices (under tensor parallelism, of the whole
   // parameters' and of the tensor-parallel slices' elements apart), then which parameters got a
@@ -150,7 +156,6 @@ double ShardedAdamW::clip_gradients(double max_norm) {
     pipeline_->all_reduce_sum({stages});
     norm_squared = stages.item<double>();
   }
-  const double norm = std::sqrt(norm_squared);
   size_t k = tp_ ? 2 : 1;
   for (Slot& s : slots_) {
     const parallel::FlatShard& shard = *s.shard;
@@ -165,10 +170,14 @@ double ShardedAdamW::clip_gradients(double max_norm) {
       if (o.length > 0) s.updates.narrow(0, o.in_slice, o.length).fill_(false);
     }
   }
+  return norm_squared;
+}
+
+void ShardedAdamW::clip_to(double norm, double max_norm) {
+  at::NoGradGuard no_grad;
   // The same rule as clip_grad_norm for an unsharded step.
   if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm)
     for (Slot& s : slots_) s.shard->grad.mul_(max_norm / (norm + 1e-6));
-  return norm;
 }
 
 void ShardedAdamW::step(double lr) {

@@ -51,6 +51,12 @@ class ShardedAdamW {
   // alone by step, as AdamW leaves a parameter without a gradient). Every rank calls it, once per
   // step, before step.
   double clip_gradients(double max_norm);
+  // clip_gradients in two parts, for a norm over several optimizers' parameters: the squared norm of
+  // the whole summed gradient of this one's (a collective; it learns which parameters got a
+  // gradient), then every shard's gradient scaled by max_norm / (norm + 1e-6) when `norm` is over
+  // max_norm > 0.
+  double gradient_square();
+  void clip_to(double norm, double max_norm);
   // Tensor parallelism: the parameters are this rank's slices over `tp`. Those named in `share`
   // are cut (each rank's squared gradient norm counts `share` times in the sum over tp: 1, or 1/n
   // for a slice n ranks hold alike); the others are whole and the same on every rank of tp.

@@ -133,17 +133,18 @@ TEST(ValidateParallel, ExpertParallelLayouts) {
   EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2"}), with_experts(8), 2));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=4"}), with_experts(8), 4));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2"}), with_experts(8), 4));  // 2 expert-data ranks
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2", "parallel.zero=1"}), with_experts(8), 4));
   EXPECT_EQ(
       error_of(job({"parallel.ep=2"}), kTiny, 2),
       "job.yaml: parallel.ep=2: this model has no experts to split over expert-parallel ranks (use ep 1)");
   EXPECT_EQ(error_of(job({"parallel.ep=3"}), with_experts(8), 3),
             "job.yaml: parallel.ep=3 does not divide the model's 8 experts");
-  for (const char* with : {"parallel.tp=2", "parallel.zero=1", "parallel.zero=3", "parallel.pp=2"})
+  for (const char* with : {"parallel.tp=2", "parallel.zero=3", "parallel.pp=2"})
     EXPECT_EQ(
         error_of(job({"parallel.ep=2", with}), with_experts(8), 4),
         std::string("job.yaml: parallel.ep=2 with ") + with +
             ": this version of Loom runs expert parallelism beside data parallelism only (tp, cp and pp "
-            "1, zero 0)")
+            "1, zero 0 or 1)")
         << with;
 }
 
@@ -185,7 +186,7 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
   // Expert parallelism runs beside data parallelism; with context parallelism it is not built yet.
   EXPECT_EQ(error_of(job({"parallel.ep=2", "parallel.cp=2"}), with_experts(8), 4),
             "job.yaml: parallel.ep=2 with parallel.cp=2: this version of Loom runs expert parallelism beside "
-            "data parallelism only (tp, cp and pp 1, zero 0)");
+            "data parallelism only (tp, cp and pp 1, zero 0 or 1)");
 }
 
 // Context parallelism: any cp that divides the world; Ulysses groups that divide cp and split the
