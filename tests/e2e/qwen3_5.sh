@@ -10,9 +10,10 @@
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
-#   each expert's gradient summed over the 2 holding it, also under ZeRO-1), loaded from transformers'
+#   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2; ep=2 x cp=2),
+#   loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
-#   every layout; the step-20 weights of ep=2, ep=4 and ep=2 x ZeRO-1 on 4 ranks are one process's
+#   every layout; the step-20 weights of ep=2, ep=4, ep=2 x ZeRO-1 on 4 ranks and ep=2 x pp=2 are one process's
 #   within 1e-5, and ep=4's
 #   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses;
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
@@ -152,7 +153,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2cp2"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -171,7 +172,12 @@ for variant in dense moe; do
       ep2dp4) extra=(--set parallel.ep=2 --set training.micro_batch_size=1); ranks=4;;
       # ZeRO-1 over each gradient group: the experts' state over their 2 expert-data ranks.
       ep2dp4zero1) extra=(--set parallel.ep=2 --set parallel.zero=1 --set training.micro_batch_size=1
-                          --set training.save_every=10); ranks=4;; esac
+                          --set training.save_every=10); ranks=4;;
+      # Beside pipeline parallelism (each stage's experts split over its 2 data ranks) and context
+      # parallelism (the ep ranks carved from the cp ranks of one sample).
+      ep2pp2) extra=(--set parallel.ep=2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"
+                     --set training.save_every=10); ranks=4;;
+      ep2cp2) extra=(--set parallel.ep=2 --set parallel.cp=2);; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done
@@ -196,7 +202,7 @@ if variant == "moe":
           f"the same in every layout")
 PY
 done
-# Expert parallelism's checkpoints: the step-20 weights of ep=2, ep=4 and ep=2 x ZeRO-1 are one
+# Expert parallelism's checkpoints: the step-20 weights of ep=2, ep=4, ep=2 x ZeRO-1 and ep=2 x pp=2 are one
 # process's within 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of
 # step 10 resumes in one process and at ep=2, and the ep=2 x ZeRO-1 one (its optimizer state in two
 # groups) at ep=4 with ZeRO-1, each with one process's losses of steps 11 to 20.
@@ -218,7 +224,7 @@ work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 from runs import steps, tensors
 one = tensors(f"{work}/moe-one/step-00000020/model.safetensors")
-for layout in ("ep2", "ep4", "ep2dp4zero1"):
+for layout in ("ep2", "ep4", "ep2dp4zero1", "ep2pp2"):
     theirs = tensors(f"{work}/moe-{layout}/step-00000020/model.safetensors")
     assert sorted(theirs) == sorted(one) and all(len(theirs[k]) == len(one[k]) for k in one), layout
     worst = max(max(abs(a - b) for a, b in zip(one[k], theirs[k])) / max(1.0, max(abs(a) for a in one[k]))
@@ -267,4 +273,4 @@ assert (video.size["shortest_edge"], video.size["longest_edge"]) == (4096, 16384
 print(f"transformers loads the checkpoint: no missing or unexpected keys; {type(processor).__name__} with "
       f"{type(video).__name__} at the clip bounds it trained with")
 PY
-echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, its cp=2 x tp=2 + SP, ep=2 and ep=4) match one process"
+echo "qwen3.5: the first step is transformers' loss; dp=2, ZeRO-1, FSDP, pp=2, tp=2, tp=2 + SP, cp=2 and cp=4 (and the MoE model's, its cp=2 x tp=2 + SP, and expert parallelism alone and beside ZeRO-1, pp and cp) match one process"

@@ -121,12 +121,10 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
     const auto refuse = [&](const std::string& with) {
       fail(
           fmt::format("parallel.ep={} with {}: this version of Loom runs expert parallelism beside data "
-                      "parallelism only (tp, cp and pp 1, zero 0 or 1)",
+                      "parallelism, ZeRO-1, pipeline and context parallelism only (tp 1, zero 0 or 1)",
                       p.ep, with));
     };
     if (p.tp > 1) refuse(fmt::format("parallel.tp={}", p.tp));
-    if (p.cp > 1) refuse(fmt::format("parallel.cp={}", p.cp));
-    if (p.pp > 1) refuse(fmt::format("parallel.pp={}", p.pp));
     if (p.zero == 3) refuse(fmt::format("parallel.zero={}", p.zero));
   }
 

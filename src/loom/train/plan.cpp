@@ -315,7 +315,7 @@ class LayoutGradients : public GradientSync {
     }
     if (sharded) return sharded->clip_gradients(max_norm);
     if (pipeline)
-      return clip_grad_norm(trainable, split_share, counted, tp.get(), *pipeline->comm(), max_norm);
+      return clip_grad_norm(trainable, split_share, counted, split.get(), *pipeline->comm(), max_norm);
     if (split_share.empty()) return clip_grad_norm(trainable, max_norm);
     return clip_grad_norm(trainable, split_share, *split, max_norm);
   }
