@@ -10,7 +10,8 @@
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
-#   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2; ep=2 x cp=2),
+#   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2; ep=2 x cp=2;
+#   ep=2 x tp=2 with SP),
 #   loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
 #   every layout; the step-20 weights of ep=2, ep=4, ep=2 x ZeRO-1 on 4 ranks and ep=2 x pp=2 are one process's
@@ -153,7 +154,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2cp2"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2cp2 ep2tp2sp"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -177,7 +178,10 @@ for variant in dense moe; do
       # parallelism (the ep ranks carved from the cp ranks of one sample).
       ep2pp2) extra=(--set parallel.ep=2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"
                      --set training.save_every=10); ranks=4;;
-      ep2cp2) extra=(--set parallel.ep=2 --set parallel.cp=2);; esac
+      ep2cp2) extra=(--set parallel.ep=2 --set parallel.cp=2);;
+      # Beside tensor parallelism with SP: each tp rank routes its chunk of the tokens to the ep peers of
+      # its own tp rank, the experts' gradients summed over tp and over ep's data ranks.
+      ep2tp2sp) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
   done

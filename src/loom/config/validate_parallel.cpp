@@ -117,16 +117,17 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
     fail(fmt::format("parallel.ep={} does not divide the model's {} experts", p.ep, dims.experts));
 
   // What this build cannot run yet is refused rather than ignored.
-  if (p.ep > 1) {
-    const auto refuse = [&](const std::string& with) {
-      fail(
-          fmt::format("parallel.ep={} with {}: this version of Loom runs expert parallelism beside data "
-                      "parallelism, ZeRO-1, pipeline and context parallelism only (tp 1, zero 0 or 1)",
-                      p.ep, with));
-    };
-    if (p.tp > 1) refuse(fmt::format("parallel.tp={}", p.tp));
-    if (p.zero == 3) refuse(fmt::format("parallel.zero={}", p.zero));
-  }
+  if (p.ep > 1 && p.zero == 3)
+    fail(
+        fmt::format("parallel.ep={} with parallel.zero=3: expert parallelism does not run under FSDP in this "
+                    "version of Loom (zero 0 or 1)",
+                    p.ep));
+  if (p.ep > 1 && p.tp > 1 && (p.zero != 0 || p.pp > 1))
+    fail(fmt::format(
+        "parallel.ep={} with parallel.tp={} and {}: expert parallelism beside tensor parallelism "
+        "runs with zero 0 and pp 1 in this version of Loom",
+        p.ep, p.tp,
+        p.zero != 0 ? fmt::format("parallel.zero={}", p.zero) : fmt::format("parallel.pp={}", p.pp)));
 
   int64_t dp = 0;
   try {

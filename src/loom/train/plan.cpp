@@ -152,6 +152,9 @@ class LayoutGradients : public GradientSync {
   // counted once; 1: a slice; 1/n: a slice n ranks hold alike); empty when nothing is split.
   std::shared_ptr<dist::Comm> split;
   std::vector<double> split_share;
+  // Expert parallelism beside tensor parallelism: the experts' shares over ep (split is then tp).
+  std::vector<double> expert_share;
+  std::shared_ptr<dist::Comm> ep;
   // By name: under sequence parallelism, whole parameters whose gradient is a partial sum over tp;
   // and the replicated kv slices whose gradient is a partial sum over the ranks holding them.
   std::set<std::string> partial_names;
@@ -316,6 +319,8 @@ class LayoutGradients : public GradientSync {
     if (sharded) return sharded->clip_gradients(max_norm);
     if (pipeline)
       return clip_grad_norm(trainable, split_share, counted, split.get(), *pipeline->comm(), max_norm);
+    if (!expert_share.empty())
+      return clip_grad_norm(trainable, split_share, *split, expert_share, *ep, max_norm);
     if (split_share.empty()) return clip_grad_norm(trainable, max_norm);
     return clip_grad_norm(trainable, split_share, *split, max_norm);
   }
@@ -476,6 +481,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   }
   if (ep) {
     sync->split = ep;
+    sync->ep = ep;
     sync->expert_parallel = ep->size();
     for (const auto& item : model.module().named_parameters(/*recurse=*/true))
       if (auto it = layouts.find(item.key()); it != layouts.end() && it->second.expert)
@@ -490,10 +496,16 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
         state->group({dist::Axis::edp})->size(), data ? data->size() : 1);
   }
   if (tp_size > 1) {
-    if (ep) throw ConfigError("parallel.ep with parallel.tp: not available in this version of Loom");
+    // Beside expert parallelism the experts' slices are over ep, the others' over tp: two sums.
+    if (ep) sync->expert_share = std::exchange(sync->split_share, {});
     sync->split = tp;
     for (const auto& param : params) {
       auto it = layouts.find(param.name);
+      if (it != layouts.end() && it->second.expert) {  // whole on every tensor-parallel rank
+        sync->split_share.push_back(0.0);
+        if (it->second.partial_grad) sync->partial_names.insert(param.name);
+        continue;
+      }
       // A slice's squared norm counts once over the ranks holding it alike. (A layer built over no
       // group, such as the vision tower at vision_tp 1, is whole.)
       const bool cut =

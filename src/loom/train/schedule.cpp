@@ -71,6 +71,37 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<d
 }
 
 double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
+                      dist::Comm& group, const std::vector<double>& second_share, dist::Comm& second,
+                      double max_norm) {
+  at::NoGradGuard no_grad;
+  // Each parameter's squares in one of three sums: whole, over `group`, over `second`.
+  std::vector<at::Tensor> parts[3];
+  std::vector<double> weights[3];
+  std::vector<at::Tensor> grads;
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    if (!g.defined()) continue;
+    grads.push_back(g);
+    const size_t sum = second_share[i] > 0 ? 2 : share[i] > 0 ? 1 : 0;
+    parts[sum].push_back(at::norm(g, 2, at::kFloat));
+    weights[sum].push_back(sum == 2 ? second_share[i] : sum == 1 ? share[i] : 1.0);
+  }
+  double totals[3] = {0, 0, 0};
+  for (size_t sum = 0; sum < 3; ++sum)
+    if (!parts[sum].empty())
+      totals[sum] = (at::stack(parts[sum]).to(at::kDouble).pow(2) *
+                     at::tensor(weights[sum], at::kDouble).to(parts[sum].front().device()))
+                        .sum()
+                        .item<double>();
+  auto over_group = at::tensor({totals[1]}, at::kDouble), over_second = at::tensor({totals[2]}, at::kDouble);
+  group.all_reduce_sum({over_group});
+  second.all_reduce_sum({over_second});
+  const double norm = std::sqrt(totals[0] + over_group.item<double>() + over_second.item<double>());
+  clip_to(grads, norm, max_norm);
+  return norm;
+}
+
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
                       const std::vector<bool>& counted, dist::Comm* tensor_parallel, dist::Comm& pipeline,
                       double max_norm) {
   at::NoGradGuard no_grad;

@@ -26,6 +26,13 @@ double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
                       dist::Comm& group, double max_norm);
 
+// The same for parameters split over either of two groups (tensor-parallel slices over `group`,
+// experts over `second`): second_share[i] > 0 counts params[i]'s squares in the sum over `second`;
+// a parameter with both shares 0 is whole (counted once).
+double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
+                      dist::Comm& group, const std::vector<double>& second_share, dist::Comm& second,
+                      double max_norm);
+
 // The same over a pipeline: each rank's sum (as above, over `tensor_parallel` when given) is
 // summed over the `pipeline` group; counted[i] false leaves params[i] out of the sum (a copy another
 // stage counts: a tied embedding) but scales it alike.

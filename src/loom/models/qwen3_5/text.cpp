@@ -37,7 +37,9 @@ Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate, const pa
 }
 
 std::map<std::string, parallel::ShardLayout> Experts::layouts() const {
-  const parallel::ShardLayout layout = ep() ? parallel::expert_layout(ep_) : parallel::whole_layout(group_);
+  parallel::ShardLayout layout = ep() ? parallel::expert_layout(ep_) : parallel::whole_layout(group_);
+  // Under sequence parallelism each tensor-parallel rank routes its chunk of the tokens.
+  layout.partial_grad = group_.sequence_parallel && group_.size() > 1;
   return {{"gate_up_proj", layout}, {"down_proj", layout}};
 }
 
