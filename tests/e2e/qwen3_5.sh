@@ -200,7 +200,11 @@ for layout in sys.argv[4:]:
     assert worst <= 1e-5, (layout, worst)
     if variant == "moe":  # the experts' load each step reports: the same picks, counted once
         assert all(abs(one[s]["expert_load"] - other[s]["expert_load"]) < 1e-9 for s in other), layout
+        assert all(one[s]["expert_tokens"] == other[s]["expert_tokens"] for s in other), layout
 if variant == "moe":
+    for s in one:  # each expert's picks: 8 experts, their most over their mean is expert_load
+        tokens = one[s]["expert_tokens"]
+        assert len(tokens) == 8 and abs(max(tokens) / (sum(tokens) / 8) - one[s]["expert_load"]) < 1e-12, s
     loads = [one[s]["expert_load"] for s in sorted(one)]
     print(f"qwen3.5 moe expert_load (most tokens an expert got over the mean) {min(loads):.3f} to {max(loads):.3f}, "
           f"the same in every layout")

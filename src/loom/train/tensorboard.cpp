@@ -161,8 +161,14 @@ void TensorBoardWriter::write(const nlohmann::json& record) {
   const auto step = record.find("step");
   if (step == record.end() || !step->is_number()) return;
   std::vector<std::pair<std::string, double>> scalars;
-  for (const auto& [name, value] : record.items())
-    if (name != "step" && value.is_number()) scalars.emplace_back(name, value.get<double>());
+  for (const auto& [name, value] : record.items()) {
+    if (name == "step") continue;
+    if (value.is_number()) scalars.emplace_back(name, value.get<double>());
+    // A list of numbers (each expert's tokens): one scalar per entry, NAME/INDEX.
+    if (value.is_array())
+      for (size_t i = 0; i < value.size(); ++i)
+        if (value[i].is_number()) scalars.emplace_back(fmt::format("{}/{}", name, i), value[i].get<double>());
+  }
   write_record(encode_scalars_event(unix_seconds_now(), step->get<int64_t>(), scalars));
 }
 

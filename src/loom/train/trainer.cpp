@@ -206,6 +206,8 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
       sum += totals[routed_at + e];
     }
     if (sum > 0) stats.expert_load = most / (sum / static_cast<double>(experts));
+    stats.expert_tokens.assign(totals.begin() + static_cast<std::ptrdiff_t>(routed_at),
+                               totals.begin() + static_cast<std::ptrdiff_t>(routed_at + experts));
   }
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
@@ -361,6 +363,7 @@ std::optional<core::Evaluation> Trainer::train() {
                                {"skipped_nonfinite", skipped_nonfinite_}};
       if (step_data.context_parallel > 0) record["cp"] = step_data.context_parallel;  // picked per step
       if (stats.expert_load > 0) record["expert_load"] = stats.expert_load;
+      if (!stats.expert_tokens.empty()) record["expert_tokens"] = stats.expert_tokens;
       metrics->write(record);
     }
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, step_mfu, seconds_since(start));

@@ -109,6 +109,8 @@ class Trainer {
     // A mixture of experts: the most tokens an expert got over the mean (every MoE layer's picks
     // pooled over the step); 1 is an even load. 0 for a dense model.
     double expert_load = 0;
+    // The picks each expert got over the step (every MoE layer's and rank's added); empty: dense.
+    std::vector<double> expert_tokens;
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while

@@ -92,8 +92,10 @@ TEST(TensorBoardWriter, OneEventPerRecordWithAStep) {
     writer.write({{"step", 2}, {"loss", 1.5}, {"final", true}, {"name", "x"}, {"lr", 0.25}});
     writer.write({{"loss", 9.0}});  // no step: not written
     writer.write({{"step", 4}, {"eval_accuracy", 0.75}});
+    // A list of numbers (each expert's tokens): one scalar per entry.
+    writer.write({{"step", 5}, {"expert_tokens", {3.0, 0.0, 7.0}}, {"tags", {"a", "b"}}});
     // Flushed as written: readable while the writer is open.
-    EXPECT_EQ(read_records(path).size(), 3u);
+    EXPECT_EQ(read_records(path).size(), 4u);
   }
   EXPECT_EQ(path.parent_path(), dir.path() / "tb");
   const std::string name = path.filename().string();
@@ -101,11 +103,15 @@ TEST(TensorBoardWriter, OneEventPerRecordWithAStep) {
   EXPECT_EQ(name.substr(name.size() - 5), ".loom") << name;
 
   const auto records = read_records(path);
-  ASSERT_EQ(records.size(), 3u);
+  ASSERT_EQ(records.size(), 4u);
   // After each event's 9-byte wall time: the rest as encoded, numbers only (JSON keys sorted).
   EXPECT_EQ(records[0].substr(9), encode_file_version_event(0, "brain.Event:2").substr(9));
   EXPECT_EQ(records[1].substr(9), encode_scalars_event(0, 2, {{"loss", 1.5}, {"lr", 0.25}}).substr(9));
   EXPECT_EQ(records[2].substr(9), encode_scalars_event(0, 4, {{"eval_accuracy", 0.75}}).substr(9));
+  EXPECT_EQ(records[3].substr(9),
+            encode_scalars_event(
+                0, 5, {{"expert_tokens/0", 3.0}, {"expert_tokens/1", 0.0}, {"expert_tokens/2", 7.0}})
+                .substr(9));
   double wall_time = 0;
   std::memcpy(&wall_time, records[1].data() + 1, 8);  // little-endian hosts
   EXPECT_GT(wall_time, 1.6e9);                        // seconds since 1970, after 2020
