@@ -472,13 +472,18 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   // Expert parallelism: the experts' weights are slices over ep (whose norms sum over it), and
   // their gradients sum over the expert-data group rather than the data group.
   const std::shared_ptr<dist::Comm>& ep = state->ep();
-  std::vector<at::Tensor> data_grads, expert_grads;
+  std::vector<NamedParam> data_params, expert_params;  // by gradient group
   for (const auto& param : params) {
     auto it = layouts.find(param.name);
     const bool expert = ep && it != layouts.end() && it->second.expert;
-    (expert ? expert_grads : data_grads).push_back(param.param);
+    (expert ? expert_params : data_params).push_back(param);
     if (ep) sync->split_share.push_back(expert ? 1.0 : 0.0);
   }
+  const auto tensors_of = [](const std::vector<NamedParam>& group) {
+    std::vector<at::Tensor> out;
+    for (const auto& param : group) out.push_back(param.param);
+    return out;
+  };
   if (ep) {
     sync->split = ep;
     sync->ep = ep;
@@ -487,7 +492,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
       if (auto it = layouts.find(item.key()); it != layouts.end() && it->second.expert)
         sync->experts.push_back({item.value(), it->second, {}});
     int64_t expert_bytes = 0;
-    for (const at::Tensor& t : expert_grads) expert_bytes += static_cast<int64_t>(t.nbytes());
+    for (const auto& param : expert_params) expert_bytes += static_cast<int64_t>(param.param.nbytes());
     spdlog::info(
         "expert parallelism (ep={}): this rank (expert rank {}) holds 1/{} of every MoE layer's experts, {} "
         "of their {} parameter bytes; their gradients are summed over {} expert-data-parallel rank(s), the "
@@ -588,22 +593,19 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     if (data && p.zero == 1 && ep) {
       // ZeRO-1 over each gradient group: the experts' slices over the expert-data ranks (their norm
       // summed over ep), the other parameters' over the data ranks.
-      std::vector<NamedParam> dense, experts;
       std::map<std::string, double> expert_share;
-      std::set<std::string> dense_names, expert_names;
-      for (const auto& param : params) {
-        auto it = layouts.find(param.name);
-        const bool expert = it != layouts.end() && it->second.expert;
-        (expert ? experts : dense).push_back(param);
-        (expert ? expert_names : dense_names).insert(param.name);
-        if (expert) expert_share.emplace(param.name, 1.0);
+      std::set<std::string> data_names, expert_names;
+      for (const auto& param : data_params) data_names.insert(param.name);
+      for (const auto& param : expert_params) {
+        expert_names.insert(param.name);
+        expert_share.emplace(param.name, 1.0);
       }
-      sync->sharded = std::make_shared<ShardedAdamW>(data, dense, adamw);
+      sync->sharded = std::make_shared<ShardedAdamW>(data, data_params, adamw);
       sync->expert_sharded =
-          std::make_shared<ShardedAdamW>(state->group({dist::Axis::edp}), std::move(experts), adamw);
+          std::make_shared<ShardedAdamW>(state->group({dist::Axis::edp}), expert_params, adamw);
       sync->expert_sharded->set_tensor_parallel(ep, std::move(expert_share));
       std::vector<GroupedOptimizer::Part> parts;
-      parts.push_back({std::make_unique<ShardedOptimizer>(sync->sharded, nullptr), std::move(dense_names)});
+      parts.push_back({std::make_unique<ShardedOptimizer>(sync->sharded, nullptr), std::move(data_names)});
       parts.push_back(
           {std::make_unique<ShardedOptimizer>(sync->expert_sharded, tp_layouts), std::move(expert_names)});
       plan.optimizer = std::make_unique<GroupedOptimizer>(std::move(parts));
@@ -622,11 +624,11 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     } else {
       if (data)
         sync->reducers.push_back(std::make_unique<dist::GradReducer>(
-            data, std::move(data_grads), p.bucket_mb << 20, p.overlap_grad_reduce));
+            data, tensors_of(data_params), p.bucket_mb << 20, p.overlap_grad_reduce));
       const std::shared_ptr<dist::Comm> expert_data = ep ? state->group({dist::Axis::edp}) : nullptr;
       if (expert_data && expert_data->size() > 1)
         sync->reducers.push_back(std::make_unique<dist::GradReducer>(
-            expert_data, std::move(expert_grads), p.bucket_mb << 20, p.overlap_grad_reduce));
+            expert_data, tensors_of(expert_params), p.bucket_mb << 20, p.overlap_grad_reduce));
       auto whole = std::make_unique<WholeAdamW>(params, adamw, tp_layouts);
       bytes.optimizer = whole->state_bytes();
       if (adamw.split_master)

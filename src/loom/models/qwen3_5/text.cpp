@@ -37,9 +37,12 @@ Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate, const pa
 }
 
 std::map<std::string, parallel::ShardLayout> Experts::layouts() const {
-  parallel::ShardLayout layout = ep() ? parallel::expert_layout(ep_) : parallel::whole_layout(group_);
-  // Under sequence parallelism each tensor-parallel rank routes its chunk of the tokens.
-  layout.partial_grad = group_.sequence_parallel && group_.size() > 1;
+  if (!ep())
+    return {{"gate_up_proj", parallel::whole_layout(group_)}, {"down_proj", parallel::whole_layout(group_)}};
+  // Under sequence parallelism each tensor-parallel rank routes its chunk of the tokens, as for a
+  // whole parameter (whole_layout).
+  parallel::ShardLayout layout = parallel::expert_layout(ep_);
+  layout.partial_grad = parallel::whole_layout(group_).partial_grad;
   return {{"gate_up_proj", layout}, {"down_proj", layout}};
 }
 
