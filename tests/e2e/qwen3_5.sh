@@ -184,6 +184,10 @@ for variant in dense moe; do
       ep2tp2sp) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
+    # An expert-parallel run splits the experts: rank 0 holds 1/ep of them.
+    case $layout in ep*) ep=${layout:2:1}
+      grep -q "^\[rank 0\] info: expert parallelism (ep=$ep): this rank (expert rank 0) holds 1/$ep of every MoE layer's experts" \
+        "$WORK/$variant-$layout.log" || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout did not split the experts"; };; esac
   done
   python3 - "$WORK" "$SRC/tests/e2e" "$variant" $layouts <<'PY' || fail "$variant layouts differ from one process"
 import sys
