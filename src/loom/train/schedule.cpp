@@ -14,116 +14,65 @@ double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, do
   return min_lr + 0.5 * (max_lr - min_lr) * (1.0 + std::cos(M_PI * progress));
 }
 
-namespace {
+double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
+  const double norm = std::sqrt(gradient_square(params, {}, nullptr));
+  clip_gradients_to(params, norm, max_norm);
+  return norm;
+}
 
-// Scales every gradient by max_norm / norm when the norm exceeds max_norm (and is finite).
-void clip_to(const std::vector<at::Tensor>& grads, double norm, double max_norm) {
+double gradient_square(const std::vector<at::Tensor>& params, const std::vector<NormShare>& shares,
+                       dist::Comm* pipeline) {
+  at::NoGradGuard no_grad;
+  // The counted gradients' squares, and the groups they sum over (null first: the whole ones).
+  std::vector<at::Tensor> norms;  // one fp32 scalar per grad
+  std::vector<size_t> group_of;   // index into groups
+  std::vector<double> weights;
+  std::vector<std::shared_ptr<dist::Comm>> groups{nullptr};
+  for (size_t i = 0; i < params.size(); ++i) {
+    const at::Tensor& g = params[i].grad();
+    const NormShare share = shares.empty() ? NormShare{} : shares[i];
+    if (!g.defined() || !share.counted) continue;
+    norms.push_back(at::norm(g, 2, at::kFloat));
+    const auto it = std::find(groups.begin(), groups.end(), share.group);
+    group_of.push_back(static_cast<size_t>(it - groups.begin()));
+    if (it == groups.end()) groups.push_back(share.group);
+    weights.push_back(share.group ? share.weight : 1.0);
+  }
+  double total = 0.0;
+  if (!norms.empty()) {
+    const auto squares = at::stack(norms).to(at::kDouble).pow(2);
+    // Each group's sum over the whole vector, the others' entries weighted 0 (one host sync).
+    std::vector<at::Tensor> sums;
+    for (size_t k = 0; k < groups.size(); ++k) {
+      std::vector<double> in_group(weights.size(), 0.0);
+      for (size_t j = 0; j < weights.size(); ++j)
+        if (group_of[j] == k) in_group[j] = weights[j];
+      const auto w = at::tensor(in_group, at::kDouble).to(squares.device());
+      sums.push_back(k == 0 ? squares.masked_fill(w.eq(0.0), 0.0).sum() : (squares * w).sum());
+    }
+    const auto local = at::stack(sums).to(at::kCPU);
+    total = local[0].item<double>();
+    for (size_t k = 1; k < groups.size(); ++k) {
+      auto over = at::tensor({local[static_cast<int64_t>(k)].item<double>()}, at::kDouble);
+      groups[k]->all_reduce_sum({over});
+      total += over.item<double>();
+    }
+  }
+  if (pipeline) {
+    auto stages = at::tensor({total}, at::kDouble);
+    pipeline->all_reduce_sum({stages});
+    total = stages.item<double>();
+  }
+  return total;
+}
+
+void clip_gradients_to(const std::vector<at::Tensor>& params, double norm, double max_norm) {
+  at::NoGradGuard no_grad;
   if (max_norm > 0.0 && std::isfinite(norm) && norm > max_norm) {
     const double scale = max_norm / (norm + 1e-6);
-    for (const auto& g : grads) g.mul_(scale);
+    for (const auto& p : params)
+      if (p.grad().defined()) p.grad().mul_(scale);
   }
-}
-
-// The squared 2-norms of params' gradients (fp64, one host sync), summed into [whole, split]:
-// whole those with share 0 (or no shares given), split the others times their share.
-std::pair<double, double> squared_norms(const std::vector<at::Tensor>& params,
-                                        const std::vector<double>& share, std::vector<at::Tensor>& grads) {
-  std::vector<at::Tensor> norms;  // one fp32 scalar per grad
-  std::vector<double> shares;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& g = params[i].grad();
-    if (!g.defined()) continue;
-    grads.push_back(g);
-    norms.push_back(at::norm(g, 2, at::kFloat));
-    shares.push_back(share.empty() ? 0.0 : share[i]);
-  }
-  if (grads.empty()) return {0.0, 0.0};
-  const auto squares = at::stack(norms).to(at::kDouble).pow(2);
-  if (share.empty()) return {squares.sum().item<double>(), 0.0};
-  const auto weights = at::tensor(shares, at::kDouble).to(squares.device());
-  const auto whole = weights.eq(0.0);
-  const auto sums =
-      at::stack({squares.masked_fill(whole.logical_not(), 0.0).sum(), (squares * weights).sum()});
-  return {sums[0].item<double>(), sums[1].item<double>()};
-}
-
-}  // namespace
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  const auto [whole, split] = squared_norms(params, {}, grads);
-  const double norm = std::sqrt(whole + split);
-  clip_to(grads, norm, max_norm);
-  return norm;
-}
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      dist::Comm& group, double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> grads;
-  const auto [whole, split_sum] = squared_norms(params, share, grads);
-  auto total = at::tensor({split_sum}, at::kDouble);
-  group.all_reduce_sum({total});
-  const double norm = std::sqrt(whole + total.item<double>());
-  clip_to(grads, norm, max_norm);
-  return norm;
-}
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      dist::Comm& group, const std::vector<double>& second_share, dist::Comm& second,
-                      double max_norm) {
-  at::NoGradGuard no_grad;
-  // Each parameter's squares in one of three sums: whole, over `group`, over `second`.
-  std::vector<at::Tensor> parts[3];
-  std::vector<double> weights[3];
-  std::vector<at::Tensor> grads;
-  for (size_t i = 0; i < params.size(); ++i) {
-    const at::Tensor& g = params[i].grad();
-    if (!g.defined()) continue;
-    grads.push_back(g);
-    const size_t sum = second_share[i] > 0 ? 2 : share[i] > 0 ? 1 : 0;
-    parts[sum].push_back(at::norm(g, 2, at::kFloat));
-    weights[sum].push_back(sum == 2 ? second_share[i] : sum == 1 ? share[i] : 1.0);
-  }
-  double totals[3] = {0, 0, 0};
-  for (size_t sum = 0; sum < 3; ++sum)
-    if (!parts[sum].empty())
-      totals[sum] = (at::stack(parts[sum]).to(at::kDouble).pow(2) *
-                     at::tensor(weights[sum], at::kDouble).to(parts[sum].front().device()))
-                        .sum()
-                        .item<double>();
-  auto over_group = at::tensor({totals[1]}, at::kDouble), over_second = at::tensor({totals[2]}, at::kDouble);
-  group.all_reduce_sum({over_group});
-  second.all_reduce_sum({over_second});
-  const double norm = std::sqrt(totals[0] + over_group.item<double>() + over_second.item<double>());
-  clip_to(grads, norm, max_norm);
-  return norm;
-}
-
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      const std::vector<bool>& counted, dist::Comm* tensor_parallel, dist::Comm& pipeline,
-                      double max_norm) {
-  at::NoGradGuard no_grad;
-  std::vector<at::Tensor> kept;
-  std::vector<double> kept_share;
-  for (size_t i = 0; i < params.size(); ++i)
-    if (counted[i]) {
-      kept.push_back(params[i]);
-      if (!share.empty()) kept_share.push_back(share[i]);
-    }
-  std::vector<at::Tensor> kept_grads;
-  const auto [whole, split_sum] = squared_norms(kept, kept_share, kept_grads);
-  auto split = at::tensor({split_sum}, at::kDouble);
-  if (tensor_parallel) tensor_parallel->all_reduce_sum({split});
-  auto total = at::tensor({whole + split.item<double>()}, at::kDouble);
-  pipeline.all_reduce_sum({total});
-  const double norm = std::sqrt(total.item<double>());
-  std::vector<at::Tensor> grads;
-  for (const auto& p : params)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  clip_to(grads, norm, max_norm);
-  return norm;
 }
 
 }  // namespace loom::train

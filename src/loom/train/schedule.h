@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "loom/dist/comm.h"
@@ -19,25 +20,25 @@ double learning_rate(int64_t step, int64_t total_steps, int64_t warmup_steps, do
 // max_norm/(norm+1e-6). A non-finite norm is returned without scaling, for the caller to act on.
 double clip_grad_norm(const std::vector<at::Tensor>& params, double max_norm);
 
-// The same for a model split by tensor parallelism over `group`: share[i] > 0 says each rank holds
-// a slice of params[i], whose squared norm, times share[i], is summed over the group (1, or 1/n
-// for a slice n ranks hold alike); share 0 is a whole parameter, the same on every rank (counted
-// once). Every rank of the group calls it and gets the same norm.
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      dist::Comm& group, double max_norm);
+// A parameter's place in the global gradient norm of a model split over ranks: its squared gradient
+// norm, times `weight`, is summed over `group` (null: the parameter is whole and the same on every
+// rank holding it, counted once). A slice over tp counts 1, or 1/n for a slice n ranks hold alike;
+// an expert slice over ep counts 1. counted false leaves it out (a copy another pipeline stage
+// counts), though clipping scales it alike.
+struct NormShare {
+  std::shared_ptr<dist::Comm> group;
+  double weight = 1.0;
+  bool counted = true;
+};
 
-// The same for parameters split over either of two groups (tensor-parallel slices over `group`,
-// experts over `second`): second_share[i] > 0 counts params[i]'s squares in the sum over `second`;
-// a parameter with both shares 0 is whole (counted once).
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      dist::Comm& group, const std::vector<double>& second_share, dist::Comm& second,
-                      double max_norm);
+// The squared global norm of params' gradients (those without a grad are skipped): each grad's norm
+// in fp32, squared and summed in fp64 per group, each group's sum over its ranks, then the total over
+// `pipeline` (the stages) when given. Every rank of every group calls it and gets the same value.
+double gradient_square(const std::vector<at::Tensor>& params, const std::vector<NormShare>& shares,
+                       dist::Comm* pipeline);
 
-// The same over a pipeline: each rank's sum (as above, over `tensor_parallel` when given) is
-// summed over the `pipeline` group; counted[i] false leaves params[i] out of the sum (a copy another
-// stage counts: a tied embedding) but scales it alike.
-double clip_grad_norm(const std::vector<at::Tensor>& params, const std::vector<double>& share,
-                      const std::vector<bool>& counted, dist::Comm* tensor_parallel, dist::Comm& pipeline,
-                      double max_norm);
+// Scales every grad of `params` by max_norm / (norm + 1e-6) when max_norm > 0 and the (finite)
+// norm exceeds it.
+void clip_gradients_to(const std::vector<at::Tensor>& params, double norm, double max_norm);
 
 }  // namespace loom::train
