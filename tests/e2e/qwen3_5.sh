@@ -154,7 +154,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2cp2 ep2tp2sp"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -178,6 +178,9 @@ for variant in dense moe; do
       # parallelism (the ep ranks carved from the cp ranks of one sample).
       ep2pp2) extra=(--set parallel.ep=2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"
                      --set training.save_every=10); ranks=4;;
+      # ZeRO-1 over each stage's two groups: the experts' norm summed over ep and the stages.
+      ep2pp2zero1) extra=(--set parallel.ep=2 --set parallel.pp=2 --set parallel.zero=1 --set training.micro_batch_size=1
+                          --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"); ranks=4;;
       ep2cp2) extra=(--set parallel.ep=2 --set parallel.cp=2);;
       # Beside tensor parallelism with SP: each tp rank routes its chunk of the tokens to the ep peers of
       # its own tp rank, the experts' gradients summed over tp and over ep's data ranks.
@@ -254,6 +257,45 @@ for resumed in ("ep1", "ep2", "ep4zero1"):
           f"step 11 loss {run[11]['loss']:.8f} (one process {reference[11]['loss']:.8f}), "
           f"steps 11-20 within {worst:.2e}")
     assert worst <= 1e-5, (resumed, worst)
+PY
+# The routing choices together: a capacity of 1.25x the mean picks (its drops counted), the expert
+# bias (moved by 1e-3 a step from every rank's picks) and the z-loss, in one process and under ep=2
+# and ep=2 x pp=2 (each stage updating its layers' biases): the same losses within 1e-5, the same
+# picks and drops each step, and the same biases at step 20. A capacity holds per micro-batch, so each
+# micro-batch is one sample: every layout's micro-batches are then the same.
+route=(--set training.moe_capacity_factor=1.25 --set training.moe_expert_bias_rate=1e-3 --set training.moe_z_loss=1e-3
+       --set training.micro_batch_size=1)
+for layout in one ep2 ep2pp2; do
+  launch=() extra=()
+  case $layout in ep2) launch=("$LOOM" run -n 2 --) extra=(--set parallel.ep=2);;
+    ep2pp2) launch=("$LOOM" run -n 4 --)
+            extra=(--set parallel.ep=2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}");; esac
+  "${launch[@]}" "$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/routed-$layout" "${route[@]}" \
+    "${extra[@]}" > "$WORK/routed-$layout.log" 2>&1 || { cat "$WORK/routed-$layout.log"; fail "routed $layout"; }
+done
+python3 - "$WORK" "$SRC/tests/e2e" <<'PY' || fail "the routing choices differ between layouts"
+import sys
+work = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from runs import steps, tensors
+plain, one = steps(f"{work}/moe-one/metrics.jsonl"), steps(f"{work}/routed-one/metrics.jsonl")
+dropped = sum(one[s]["expert_dropped"] for s in one)
+assert dropped > 0 and all(plain[s]["expert_dropped"] == 0 for s in plain), dropped
+assert any(one[s]["loss"] != plain[s]["loss"] for s in one)
+biases = {k: v for k, v in tensors(f"{work}/routed-one/step-00000020/model.safetensors").items() if "expert_bias" in k}
+assert len(biases) == 4 and any(max(map(abs, b)) > 0 for b in biases.values()), biases
+for layout in ("ep2", "ep2pp2"):
+    other = steps(f"{work}/routed-{layout}/metrics.jsonl")
+    assert sorted(other) == list(range(1, 21)), (layout, sorted(other))
+    worst = max(abs(one[s]["loss"] - other[s]["loss"]) / one[s]["loss"] for s in one)
+    assert all(one[s]["expert_tokens"] == other[s]["expert_tokens"] for s in one), layout
+    assert all(one[s]["expert_dropped"] == other[s]["expert_dropped"] for s in one), layout
+    theirs = tensors(f"{work}/routed-{layout}/step-00000020/model.safetensors")
+    bias_gap = max(max(abs(a - b) for a, b in zip(biases[k], theirs[k])) for k in biases)
+    print(f"qwen3.5 moe routed (capacity 1.25, expert bias, z-loss) {layout} vs one process: max relative loss "
+          f"difference {worst:.3e} over 20 steps; {int(dropped)} picks dropped in all, the same each step; "
+          f"step-20 expert biases within {bias_gap:.1e}")
+    assert worst <= 1e-5 and bias_gap <= 1e-7, (layout, worst, bias_gap)
 PY
 # Recompute (full, with offload; selective) in one process: the plain run's losses bit for bit.
 for memory in full selective; do

@@ -338,6 +338,17 @@ struct TrainingSection {
   // A step whose loss or gradient norm is NaN or infinite stops training, unless this many such
   // steps may be skipped (no update; counted and logged).
   int64_t skip_nonfinite_steps = 0;
+  // A mixture of experts' routing (docs/parallelism.md "Expert load"; refused for a dense model):
+  // - moe_capacity_factor > 0: each expert computes at most ceil(factor * T * k / E) picks of a
+  //   micro-batch's T tokens on a rank (those of highest routing probability); the others are
+  //   dropped, and counted as expert_dropped. 0: dropless.
+  // - moe_z_loss: the router z-loss's coefficient; the loss adds coef * the mean over tokens of
+  //   logsumexp(router logits)^2, summed over the MoE layers.
+  // - moe_expert_bias_rate > 0: the auxiliary-loss-free balance: each layer picks experts by routing
+  //   probability plus a per-expert bias (weighted by the probabilities alone), and after each step
+  //   every bias moves by this rate towards balance: + for an expert with fewer picks than the mean,
+  //   - for more.
+  double moe_capacity_factor = 0.0, moe_z_loss = 0.0, moe_expert_bias_rate = 0.0;
 
   // Bounds on counts that become allocations or threads (the thread count is further held to a
   // multiple of the machine's cores, with a warning).
@@ -394,6 +405,9 @@ struct TrainingSection {
     k("peak_tflops", &S::peak_tflops, at_least(0.0));
     k("exit_interval", &S::exit_interval, at_least(0));
     k("skip_nonfinite_steps", &S::skip_nonfinite_steps, at_least(0));
+    k("moe_capacity_factor", &S::moe_capacity_factor, at_least(0.0));
+    k("moe_z_loss", &S::moe_z_loss, at_least(0.0));
+    k("moe_expert_bias_rate", &S::moe_expert_bias_rate, at_least(0.0));
   }
 };
 

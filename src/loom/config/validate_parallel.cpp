@@ -116,6 +116,13 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
   if (p.ep > 1 && dims.experts % p.ep != 0)
     fail(fmt::format("parallel.ep={} does not divide the model's {} experts", p.ep, dims.experts));
 
+  for (const auto& [key, value] :
+       {std::pair<const char*, double>{"moe_capacity_factor", t.moe_capacity_factor},
+        {"moe_z_loss", t.moe_z_loss},
+        {"moe_expert_bias_rate", t.moe_expert_bias_rate}})
+    if (value > 0 && dims.experts == 0)
+      fail(fmt::format("training.{}={}: this model has no experts to route to (remove it)", key, value));
+
   // What this build cannot run yet is refused rather than ignored.
   if (p.ep > 1 && p.zero == 3)
     fail(

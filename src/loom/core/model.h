@@ -26,9 +26,13 @@ class Model {
   virtual nlohmann::json hf_config() const = 0;
   // Module paths a user may name in model.freeze, for the error that lists them.
   virtual std::vector<std::string> freeze_examples() const = 0;
-  // A mixture-of-experts model's experts per layer, whose routed tokens each training step reports
-  // (ForwardResult::expert_tokens); 0 for a dense model.
+  // A mixture-of-experts model's experts per layer and its layers that route (every layer's row in
+  // the report ForwardResult::expert_tokens makes of a step); 0 for a dense model.
   virtual int64_t experts() const { return 0; }
+  virtual int64_t routed_layers() const { return 0; }
+  // After each optimizer step of a mixture of experts: `picks` (routed_layers, experts), the step's
+  // picks of each layer's experts over every rank. A model with routing state (an expert bias) moves it.
+  virtual void end_step(const at::Tensor& picks) { (void)picks; }
 };
 
 }  // namespace loom::core

@@ -49,9 +49,10 @@ struct ForwardResult {
   Carry output;         // any other stage's: what the next stage takes
   int64_t tokens = 0, samples = 0;
   double flops = 0;  // training FLOPs (forward + backward) of this micro-batch
-  // The last stage's, for a mixture-of-experts model (Model::experts()): the tokens routed to each
-  // expert, every MoE layer's picks added up (E) fp32, this rank's share of the micro-batch's tokens
-  // (a context-parallel rank's part; whole on every tensor-parallel rank).
+  // The last stage's, for a mixture-of-experts model (Model::experts()): per routed layer, the picks
+  // each expert got and then the picks dropped over capacity, (Model::routed_layers(), E + 1) fp32,
+  // over this rank's share of the micro-batch's tokens (a context-parallel rank's part; whole on every
+  // tensor-parallel rank).
   at::Tensor expert_tokens;
 };
 

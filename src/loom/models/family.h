@@ -33,6 +33,9 @@ struct BuildOptions {
   // A vision-language model's vision tower over a group of its own (parallel.vision_tp: 1 keeps it
   // whole); nullopt: over params.tp like the language model.
   std::optional<parallel::TensorParallelGroup> vision_tp;
+  // A mixture of experts' routing as the job asks (training.moe_capacity_factor, moe_z_loss,
+  // moe_expert_bias_rate; 0: off). Refused for a model without experts (config::validate_parallel).
+  double moe_capacity_factor = 0.0, moe_z_loss = 0.0, moe_expert_bias_rate = 0.0;
 };
 
 struct Family {

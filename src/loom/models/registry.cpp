@@ -220,6 +220,9 @@ std::shared_ptr<core::Model> build_job_model(const config::JobConfig& job, const
   options.params.cp = cp;
   options.params.ep = layout.parallel->ep();
   if (job.parallel.vision_tp == 1) options.vision_tp = parallel::TensorParallelGroup{};
+  options.moe_capacity_factor = job.training.moe_capacity_factor;
+  options.moe_z_loss = job.training.moe_z_loss;
+  options.moe_expert_bias_rate = job.training.moe_expert_bias_rate;
   std::shared_ptr<core::Model> model = family.build(named.hf, named.source, options);
   family.init(*model, static_cast<uint64_t>(job.training.seed));
   if (!job.model.init_from.empty()) family.load(*model, job.model.init_from);

@@ -113,6 +113,7 @@ int64_t load_parameters(torch::nn::Module& module, const std::string& model_dir,
   for (auto& [parameter, param] : named_parameters(module)) {
     const FileTensor at = locate(parameter);
     const std::string& name = at.name;
+    if (at.optional && at.stacked.empty() && !source.contains(name)) continue;
     auto layout = layouts.find(parameter);
     const std::vector<int64_t> whole =
         layout == layouts.end() ? param.sizes().vec() : layout->second.whole_shape(param.sizes());

@@ -32,6 +32,8 @@ struct FileTensor {
   // first dimension) of these lists of the file's tensors, for a layout that keeps apart what the
   // parameter holds together (per-expert weights).
   std::vector<std::vector<std::string>> stacked;
+  // Absent from the files: the parameter keeps the value it has.
+  bool optional = false;
 };
 // load_parameters with each parameter read from where `locate` says (the same errors, naming the
 // file's tensors): every tensor of the files must be read, but for a tied model's copy of its head.

@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <vector>
 
 #include "loom/dist/mappings.h"
@@ -9,16 +10,23 @@
 
 namespace loom::parallel {
 
-ExpertDispatch dispatch_by_expert(const at::Tensor& chosen, int64_t experts) {
+ExpertDispatch dispatch_by_expert(const at::Tensor& chosen, int64_t experts, const at::Tensor& kept) {
   if (chosen.dim() != 2)
     throw ModelError(fmt::format("expert dispatch: the picks must be (tokens, k), got [{}]",
                                  fmt::join(chosen.sizes(), ", ")));
+  if (kept.defined() && kept.sizes() != chosen.sizes())
+    throw ModelError(fmt::format("expert dispatch: the kept picks are [{}], the picks [{}]",
+                                 fmt::join(kept.sizes(), ", "), fmt::join(chosen.sizes(), ", ")));
   ExpertDispatch d;
   d.tokens = chosen.size(0);
   d.top_k = chosen.size(1);
   d.experts = experts;
-  const at::Tensor flat = chosen.flatten().to(at::kLong);
-  d.slot = std::get<1>(at::sort(flat, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
+  // The dispatched slots in token order (all, or the kept), then stably sorted by expert.
+  at::Tensor slots = kept.defined() ? kept.flatten().nonzero().flatten()
+                                    : at::arange(chosen.numel(), chosen.options().dtype(at::kLong));
+  const at::Tensor flat = chosen.flatten().to(at::kLong).index_select(0, slots);
+  d.slot = slots.index_select(
+      0, std::get<1>(at::sort(flat, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false)));
   d.token = at::floor_divide(d.slot, d.top_k);
   d.counts = at::bincount(flat, /*weights=*/{}, experts);
   if (d.counts.size(0) != experts)
@@ -26,6 +34,31 @@ ExpertDispatch dispatch_by_expert(const at::Tensor& chosen, int64_t experts) {
         fmt::format("expert dispatch: a pick names expert {} of {}", d.counts.size(0) - 1, experts));
   d.ends = d.counts.cumsum(0).to(at::kInt);
   return d;
+}
+
+at::Tensor within_capacity(const at::Tensor& chosen, const at::Tensor& priority, int64_t experts,
+                           int64_t capacity) {
+  const at::Tensor flat = chosen.flatten().to(at::kLong);
+  // The slots by priority (highest first; stable: the earlier token first among equals), then stably
+  // by expert: each expert's picks in the order they keep their place.
+  const at::Tensor by_priority = std::get<1>(
+      at::sort(priority.flatten(), /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/true));
+  const at::Tensor expert_of = flat.index_select(0, by_priority);
+  const at::Tensor order =
+      by_priority.index_select(0, std::get<1>(at::sort(expert_of, /*stable=*/std::optional<bool>(true),
+                                                       /*dim=*/0, /*descending=*/false)));
+  const at::Tensor counts = at::bincount(flat, /*weights=*/{}, experts);
+  const at::Tensor starts = counts.cumsum(0) - counts;
+  const at::Tensor place =
+      at::arange(flat.numel(), flat.options()) - starts.index_select(0, flat.index_select(0, order));
+  return at::zeros({flat.numel()}, chosen.options().dtype(at::kBool))
+      .index_put_({order}, place.lt(capacity))
+      .view(chosen.sizes());
+}
+
+int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts) {
+  return static_cast<int64_t>(
+      std::ceil(factor * static_cast<double>(tokens * top_k) / static_cast<double>(experts)));
 }
 
 at::Tensor dispatch_rows(const ExpertDispatch& d, const at::Tensor& x) { return x.index_select(0, d.token); }

@@ -21,8 +21,17 @@ struct ExpertDispatch {
   at::Tensor ends;    // (E) int32: the groups' ends (cumulative counts)
 };
 
-// chosen (T, k): each token's experts, in [0, experts).
-ExpertDispatch dispatch_by_expert(const at::Tensor& chosen, int64_t experts);
+// chosen (T, k): each token's experts, in [0, experts). `kept` (T, k) bool, when given: only those
+// picks are dispatched (the others are dropped: their tokens go without them).
+ExpertDispatch dispatch_by_expert(const at::Tensor& chosen, int64_t experts, const at::Tensor& kept = {});
+
+// An expert capacity: the picks (T, k) kept when each expert computes at most `capacity` rows, those
+// of highest `priority` (T, k; ties to the earlier token), as a bool (T, k) mask.
+at::Tensor within_capacity(const at::Tensor& chosen, const at::Tensor& priority, int64_t experts,
+                           int64_t capacity);
+
+// The capacity of each expert for T tokens with k picks each: ceil(factor * T * k / experts).
+int64_t expert_capacity(double factor, int64_t tokens, int64_t top_k, int64_t experts);
 
 // x (T, H) -> (T * k, H): each dispatched row's token's row.
 at::Tensor dispatch_rows(const ExpertDispatch& d, const at::Tensor& x);

@@ -186,28 +186,32 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
                              counted * static_cast<double>(step.truncated),
                              counted * static_cast<double>(step.dropped),
                              counted * static_cast<double>(step.skipped)};
-  // A mixture of experts: the tokens each expert got (every rank adds as many entries; the stages
-  // without the loss add zeros).
+  // A mixture of experts: per layer, the picks each expert got and those dropped (every rank adds as
+  // many entries; the stages without the loss add zeros).
   const int64_t experts = parts_.model->experts();
+  const int64_t routed = experts > 0 ? parts_.model->routed_layers() * (experts + 1) : 0;
   const size_t routed_at = values.size();
-  if (experts > 0) {
-    if (!r.expert_tokens.empty() && static_cast<int64_t>(r.expert_tokens.size()) != experts)
-      throw ModelError(
-          fmt::format("the model routes to {} experts but reports {}", experts, r.expert_tokens.size()));
-    std::vector<double> routed = r.expert_tokens;
-    routed.resize(static_cast<size_t>(experts), 0.0);
-    values.insert(values.end(), routed.begin(), routed.end());
+  if (routed > 0) {
+    if (!r.expert_tokens.empty() && static_cast<int64_t>(r.expert_tokens.size()) != routed)
+      throw ModelError(fmt::format("the model routes {} layers to {} experts but reports {} counts",
+                                   parts_.model->routed_layers(), experts, r.expert_tokens.size()));
+    std::vector<double> report = r.expert_tokens;
+    report.resize(static_cast<size_t>(routed), 0.0);
+    values.insert(values.end(), report.begin(), report.end());
   }
   const auto totals = plan_.sum_over_ranks(values);
-  if (experts > 0) {
-    double most = 0, sum = 0;
-    for (int64_t e = 0; e < experts; ++e) {
-      most = std::max(most, totals[routed_at + e]);
-      sum += totals[routed_at + e];
-    }
-    if (sum > 0) stats.expert_load = most / (sum / static_cast<double>(experts));
-    stats.expert_tokens.assign(totals.begin() + static_cast<std::ptrdiff_t>(routed_at),
-                               totals.begin() + static_cast<std::ptrdiff_t>(routed_at + experts));
+  if (routed > 0) {
+    const at::Tensor report =
+        at::tensor(std::vector<double>(totals.begin() + static_cast<std::ptrdiff_t>(routed_at),
+                                       totals.begin() + static_cast<std::ptrdiff_t>(routed_at + routed)),
+                   at::kDouble)
+            .view({parts_.model->routed_layers(), experts + 1});
+    stats.layer_picks = report.narrow(1, 0, experts);
+    const at::Tensor per_expert = stats.layer_picks.sum(0);
+    const double sum = per_expert.sum().item<double>();
+    if (sum > 0) stats.expert_load = per_expert.max().item<double>() / (sum / static_cast<double>(experts));
+    stats.expert_tokens.assign(per_expert.data_ptr<double>(), per_expert.data_ptr<double>() + experts);
+    stats.expert_dropped = report.select(1, experts).sum().item<double>();
   }
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
@@ -337,6 +341,8 @@ std::optional<core::Evaluation> Trainer::train() {
     const bool finite = std::isfinite(stats.loss) && std::isfinite(stats.grad_norm);
     if (finite) {
       plan_.optimizer->step(lr);
+      if (stats.layer_picks.defined())
+        parts_.model->end_step(stats.layer_picks);  // routing state (expert bias)
     } else {
       skip_nonfinite_step(stats.loss, stats.grad_norm);
     }
@@ -363,7 +369,10 @@ std::optional<core::Evaluation> Trainer::train() {
                                {"skipped_nonfinite", skipped_nonfinite_}};
       if (step_data.context_parallel > 0) record["cp"] = step_data.context_parallel;  // picked per step
       if (stats.expert_load > 0) record["expert_load"] = stats.expert_load;
-      if (!stats.expert_tokens.empty()) record["expert_tokens"] = stats.expert_tokens;
+      if (!stats.expert_tokens.empty()) {
+        record["expert_tokens"] = stats.expert_tokens;
+        record["expert_dropped"] = stats.expert_dropped;
+      }
       metrics->write(record);
     }
     progress.update(step_, stats.loss, lr, tokens_per_s, samples_per_s, step_mfu, seconds_since(start));

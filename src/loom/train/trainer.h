@@ -111,6 +111,8 @@ class Trainer {
     double expert_load = 0;
     // The picks each expert got over the step (every MoE layer's and rank's added); empty: dense.
     std::vector<double> expert_tokens;
+    double expert_dropped = 0;  // picks dropped over an expert's capacity (every layer and rank)
+    at::Tensor layer_picks;     // (routed layers, experts) fp64: the picks of each layer's experts
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while

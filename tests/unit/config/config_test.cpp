@@ -227,7 +227,8 @@ TEST(ParseConfigErrors, UnknownKeyListsTheValidOnes) {
   const std::string message = parse_error(with_training("  lrr: 0.1\n"));
   EXPECT_THAT(message, HasSubstr("job.yaml: unknown key 'training.lrr' (valid keys in training: steps, "
                                  "epochs, global_batch_size, micro_batch_size, lr, min_lr,"));
-  EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval, skip_nonfinite_steps; did you mean 'lr'?)"));
+  EXPECT_THAT(message, HasSubstr("peak_tflops, exit_interval, skip_nonfinite_steps, moe_capacity_factor, "
+                                 "moe_z_loss, moe_expert_bias_rate; did you mean 'lr'?)"));
   EXPECT_EQ(parse_error(kMinimal + "tools: {color: true}\n"),
             "job.yaml: unknown key 'tools.color' (valid keys in tools: log_every, log_level, progress_bar, "
             "dump_gradients, tensorboard)");

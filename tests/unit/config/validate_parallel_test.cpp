@@ -153,6 +153,16 @@ TEST(ValidateParallel, ExpertParallelLayouts) {
   EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2", "parallel.cp=2"}), with_experts(8), 2));
 }
 
+TEST(ValidateParallel, RoutingChoicesNeedExperts) {
+  EXPECT_NO_THROW(validate_parallel(job({"training.moe_capacity_factor=1.5", "training.moe_z_loss=0.001",
+                                         "training.moe_expert_bias_rate=0.001"}),
+                                    with_experts(8), 1));
+  EXPECT_EQ(error_of(job({"training.moe_z_loss=0.001"}), kTiny, 1),
+            "job.yaml: training.moe_z_loss=0.001: this model has no experts to route to (remove it)");
+  EXPECT_EQ(error_of(job({"training.moe_capacity_factor=2"}), kTiny, 1),
+            "job.yaml: training.moe_capacity_factor=2: this model has no experts to route to (remove it)");
+}
+
 TEST(ValidateParallel, TensorParallelLayoutsPass) {
   EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2"}), kTiny, 2));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.tp=2", "parallel.sequence_parallel=true"}), kTiny, 2));

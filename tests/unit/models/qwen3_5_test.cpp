@@ -21,6 +21,7 @@
 #include "loom/models/qwen3_5/text.h"
 #include "loom/models/qwen3_5/vision.h"
 #include "loom/models/registry.h"
+#include "loom/models/weights.h"
 
 namespace loom::models::qwen3_5 {
 namespace {
@@ -346,6 +347,108 @@ TEST(Qwen35Model, RouterLossMatchesTransformers) {
   EXPECT_FALSE(core::run_layers(plain->layers(), {},
                                 *dynamic_cast<const qwen3_5::ForConditionalGeneration&>(*plain).context(in))
                    .has("aux_loss"));
+}
+
+// The MoE fixture built with the job's routing choices (training.moe_*), its weights loaded.
+std::shared_ptr<core::Model> routed_moe(double capacity_factor, double z_loss, double expert_bias_rate) {
+  const std::string dir = std::string(LOOM_SOURCE_DIR) + "/tests/fixtures/qwen3_5/moe";
+  const NamedModel named = find_model(dir);
+  BuildOptions options;
+  options.moe_capacity_factor = capacity_factor;
+  options.moe_z_loss = z_loss;
+  options.moe_expert_bias_rate = expert_bias_rate;
+  std::shared_ptr<core::Model> model = named.family->build(named.hf, named.source, options);
+  named.family->init(*model, 1);
+  named.family->load(*model, dir);  // the fixture has no expert bias: it stays zero
+  return model;
+}
+
+// 40 text tokens (no image): the language model alone sees what the layers see.
+VisionLanguageInputs text_only() {
+  VisionLanguageInputs in;
+  in.input_ids = at::arange(3, 283, 7, at::kLong).view({1, -1});
+  return in;
+}
+
+// The router z-loss: the mean over the tokens of logsumexp(router logits)^2, summed over the layers,
+// times its coefficient; the report's rows are each layer's picks.
+TEST(Qwen35Model, RouterZLossIsEachLayersMeanSquaredLogsumexpSummed) {
+  const auto loaded = routed_moe(0.0, 0.01, 0.0);
+  const auto& model = dynamic_cast<const ForConditionalGeneration&>(*loaded);
+  const VisionLanguageInputs in = text_only();
+  const int64_t tokens = in.input_ids.size(1);
+  at::NoGradGuard no_grad;
+  const core::Carry carry = core::run_layers(model.layers(), {}, *model.context(in));
+  std::vector<at::Tensor> routers;
+  model.language_model->forward(in.input_ids, model.position_ids(in).squeeze(1), {0, tokens}, true, &routers);
+  ASSERT_EQ(routers.size(), 4u);
+  double expected = 0.0;
+  for (const at::Tensor& r : routers)
+    expected += at::logsumexp(r.to(at::kDouble), -1).pow(2).mean().item<double>();
+  EXPECT_NEAR(carry.get("aux_loss").item<double>(), 0.01 * expected, 1e-6 * expected);
+  const at::Tensor report = carry.get("expert_tokens");  // (layers, experts + 1)
+  ASSERT_EQ(report.sizes(), (std::vector<int64_t>{4, 5}));
+  for (int64_t l = 0; l < 4; ++l) {
+    const at::Tensor picks = at::one_hot(std::get<1>(at::softmax(routers[l], -1, at::kFloat).topk(2, -1)), 4)
+                                 .sum({0, 1})
+                                 .to(at::kFloat);
+    EXPECT_TRUE(report[l].narrow(0, 0, 4).equal(picks)) << l;
+    EXPECT_EQ(report[l][4].item<float>(), 0.0F) << l;  // dropless
+  }
+}
+
+// A capacity of ceil(0.6 * 40 * 2 / 4) = 12 picks an expert: each layer drops its experts' picks
+// beyond 12, and the tokens go on without them (another output than dropless).
+TEST(Qwen35Model, ACapacityDropsThePicksBeyondIt) {
+  const auto dropless = routed_moe(0.0, 0.0, 0.0), capped = routed_moe(0.6, 0.0, 0.0);
+  const VisionLanguageInputs in = text_only();
+  at::NoGradGuard no_grad;
+  const auto run = [&in](const core::Model& m) {
+    const auto& model = dynamic_cast<const ForConditionalGeneration&>(m);
+    return core::run_layers(model.layers(), {}, *model.context(in));
+  };
+  const core::Carry all = run(*dropless), some = run(*capped);
+  const at::Tensor report = some.get("expert_tokens");
+  // The first layer routes alike in both (the same input); its drops are the picks over 12.
+  const at::Tensor first = all.get("expert_tokens")[0].narrow(0, 0, 4);
+  EXPECT_TRUE(report[0].narrow(0, 0, 4).equal(first));
+  EXPECT_EQ(report[0][4].item<float>(), (first - 12).clamp_min(0).sum().item<float>());
+  double dropped = 0;
+  for (int64_t l = 0; l < 4; ++l) {
+    EXPECT_EQ(report[l][4].item<float>(), (report[l].narrow(0, 0, 4) - 12).clamp_min(0).sum().item<float>())
+        << l;
+    dropped += report[l][4].item<double>();
+  }
+  ASSERT_GT(dropped, 0);
+  EXPECT_FALSE(at::allclose(all.get("hidden"), some.get("hidden")));
+}
+
+// The auxiliary-loss-free expert bias: zero at first (the plain routing), moved after each step by
+// the rate towards the experts with fewer picks than the mean; a large bias on an expert sends every
+// token there.
+TEST(Qwen35Model, ExpertBiasStartsAtZeroAndMovesTowardsBalance) {
+  const auto plain = routed_moe(0.0, 0.0, 0.0), biased = routed_moe(0.0, 0.0, 0.1);
+  auto& model = dynamic_cast<ForConditionalGeneration&>(*biased);
+  const VisionLanguageInputs in = text_only();
+  const auto run = [&in](const core::Model& m) {
+    at::NoGradGuard no_grad;
+    const auto& vlm = dynamic_cast<const ForConditionalGeneration&>(m);
+    return core::run_layers(vlm.layers(), {}, *vlm.context(in));
+  };
+  EXPECT_TRUE(run(*plain).get("hidden").equal(run(*biased).get("hidden")));
+  const auto params = named_parameters(model.module());
+  EXPECT_TRUE(std::any_of(params.begin(), params.end(), [](const auto& p) {
+    return p.first == "model.language_model.layers.0.mlp.expert_bias" && !p.second.requires_grad();
+  }));
+  // Picks 30, 10, 20, 20 (mean 20) in every layer: + for expert 1, - for expert 0, none for 2 and 3.
+  model.end_step(at::tensor({30.0, 10.0, 20.0, 20.0}, at::kDouble).repeat({4, 1}));
+  model.end_step(at::tensor({30.0, 10.0, 20.0, 20.0}, at::kDouble).repeat({4, 1}));
+  for (const auto& layer : model.language_model->layers)
+    EXPECT_TRUE(at::allclose(layer->moe->expert_bias, at::tensor({-0.2F, 0.2F, 0.0F, 0.0F})))
+        << layer->name();
+  model.language_model->layers[0]->moe->expert_bias.copy_(at::tensor({0.0F, 0.0F, 5.0F, 0.0F}));
+  const at::Tensor report = run(model).get("expert_tokens");
+  EXPECT_EQ(report[0][2].item<float>(), static_cast<float>(in.input_ids.size(1)));  // every token picks 2
 }
 
 // The image processor with the directory's settings gives transformers' pixel values and grid.

@@ -46,5 +46,46 @@ TEST(ExpertDispatch, APickBeyondTheExpertsIsAnError) {
   EXPECT_THROW(dispatch_by_expert(at::tensor({0, 4}, at::kLong).view({2, 1}), 4), std::exception);
 }
 
+at::Tensor mask(std::vector<int64_t> bits) { return at::tensor(bits, at::kLong).to(at::kBool); }
+
+TEST(ExpertCapacity, IsTheCeilingOfTheFactorTimesTheMeanPicks) {
+  EXPECT_EQ(expert_capacity(1.0, 8, 2, 4), 4);   // 16 picks over 4 experts
+  EXPECT_EQ(expert_capacity(1.25, 8, 2, 4), 5);  // 5 exactly
+  EXPECT_EQ(expert_capacity(1.1, 3, 1, 4), 1);   // ceil(0.825)
+  EXPECT_EQ(expert_capacity(0.5, 1, 1, 8), 1);   // one token: ceil(1/16)
+}
+
+TEST(ExpertCapacity, KeepsEachExpertsHighestPriorityPicks) {
+  // Four tokens, two picks each, three experts, capacity 2. Expert 0 has picks at slots 0, 2, 4, 6
+  // with priorities 0.5, 0.9, 0.5, 0.7: it keeps 0.9 (slot 2) and 0.7 (slot 6); the tie at 0.5 goes to
+  // neither. Expert 1: slots 1, 3 (both kept). Expert 2: slots 5, 7 with 0.1, 0.2 (both kept).
+  const at::Tensor chosen = at::tensor({0, 1, 0, 1, 0, 2, 0, 2}, at::kLong).view({4, 2});
+  const at::Tensor priority = at::tensor({0.5F, 0.4F, 0.9F, 0.1F, 0.5F, 0.1F, 0.7F, 0.2F}).view({4, 2});
+  const at::Tensor kept = within_capacity(chosen, priority, 3, 2);
+  EXPECT_TRUE(at::equal(kept, mask({0, 1, 1, 1, 0, 1, 1, 1}).view({4, 2})));
+  // Capacity 3: of the tie, the earlier token (slot 0) keeps its place.
+  EXPECT_TRUE(
+      at::equal(within_capacity(chosen, priority, 3, 3), mask({1, 1, 1, 1, 0, 1, 1, 1}).view({4, 2})));
+  // A capacity of every pick keeps all; an empty expert (3 of 4) changes nothing.
+  EXPECT_TRUE(within_capacity(chosen, priority, 4, 8).all().item<bool>());
+  // Every token on one expert, capacity 1: only the highest pick.
+  const at::Tensor one =
+      within_capacity(at::zeros({3, 1}, at::kLong), at::tensor({0.2F, 0.6F, 0.4F}).view({3, 1}), 2, 1);
+  EXPECT_TRUE(at::equal(one, mask({0, 1, 0}).view({3, 1})));
+}
+
+TEST(ExpertCapacity, DroppedPicksAreNotDispatchedAndTheirTokensGoWithoutThem) {
+  const at::Tensor chosen = at::tensor({0, 1, 0, 1, 0, 2, 0, 2}, at::kLong).view({4, 2});
+  const at::Tensor kept = mask({0, 1, 1, 1, 0, 1, 1, 1}).view({4, 2});
+  const ExpertDispatch d = dispatch_by_expert(chosen, 3, kept);
+  EXPECT_TRUE(at::equal(d.counts, at::tensor({2, 2, 2}, at::kLong)));
+  EXPECT_TRUE(at::equal(d.slot, at::tensor({2, 6, 1, 3, 5, 7}, at::kLong)));  // by expert, token order
+  // Each row is its expert + 1: token 0 keeps only its expert-1 pick, token 2 only its expert-2.
+  const at::Tensor rows = at::tensor({1.0F, 1.0F, 2.0F, 2.0F, 3.0F, 3.0F}).unsqueeze(1);
+  const at::Tensor out = combine_rows(d, rows, at::ones({4, 2}));
+  EXPECT_TRUE(at::equal(out.squeeze(1), at::tensor({2.0F, 3.0F, 3.0F, 4.0F})));
+  EXPECT_THROW(dispatch_by_expert(chosen, 3, kept.view({2, 4})), std::exception);
+}
+
 }  // namespace
 }  // namespace loom::parallel

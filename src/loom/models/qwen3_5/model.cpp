@@ -127,13 +127,33 @@ class EmbedTokensLayer : public TextLayer {
 };
 
 // Adds one layer's routing over the real tokens to the carry's counts (routing_counts), which the
-// norm turns into the load-balancing loss.
-void add_routing(core::Carry& carry, const at::Tensor& logits, const at::Tensor& real, int64_t top_k) {
-  const RoutingCounts counts = routing_counts(logits, top_k, real);
-  for (const auto& [name, value] : {std::pair<const char*, at::Tensor>{"router_picks", counts.picks},
-                                    {"router_probabilities", counts.probabilities},
-                                    {"router_rows", counts.rows}})
-    carry.set(name, carry.has(name) ? carry.get(name) + value : value);
+// norm turns into the load-balancing loss; with a z-loss, the sum of logsumexp(logits)^2 over them.
+// The step's report of the load, detached: row `layer` of a (layers, E + 1) table holds the picks
+// each expert got and, last, the picks dropped over capacity.
+void add_routing(core::Carry& carry, const RouterOutput& router, const at::Tensor& real, int64_t top_k,
+                 bool actual_picks, bool z_loss, int64_t layer, int64_t layers) {
+  const RoutingCounts counts =
+      routing_counts(router.logits, top_k, real, actual_picks ? router.chosen : at::Tensor());
+  std::vector<std::pair<const char*, at::Tensor>> sums{{"router_picks", counts.picks},
+                                                       {"router_probabilities", counts.probabilities},
+                                                       {"router_rows", counts.rows}};
+  const at::Tensor mask = real.defined()
+                              ? real.to(router.logits.device(), at::kFloat)
+                              : at::ones({router.logits.size(0)}, router.logits.options().dtype(at::kFloat));
+  if (z_loss)
+    sums.emplace_back("router_z", (at::logsumexp(router.logits.to(at::kFloat), -1).pow(2) * mask).sum());
+  for (const auto& [name, value] : sums) carry.set(name, carry.has(name) ? carry.get(name) + value : value);
+  at::NoGradGuard no_grad;
+  const int64_t experts = router.logits.size(-1);
+  const at::Tensor real_rows = mask.unsqueeze(-1);  // (T, 1)
+  const at::Tensor picks = (at::one_hot(router.chosen, experts).sum(1).to(at::kFloat) * real_rows).sum(0);
+  const at::Tensor dropped = router.kept.defined()
+                                 ? (router.kept.logical_not().to(at::kFloat) * real_rows).sum().unsqueeze(0)
+                                 : at::zeros({1}, picks.options());
+  at::Tensor report = carry.has("expert_report") ? carry.get("expert_report")
+                                                 : at::zeros({layers, experts + 1}, picks.options());
+  report[layer].add_(at::cat({picks, dropped}));
+  carry.set("expert_report", report);
 }
 
 class DecoderLayerLayer : public TextLayer {
@@ -143,21 +163,27 @@ class DecoderLayerLayer : public TextLayer {
         index_(index),
         layer_(std::move(layer)),
         routing_(config.moe()),
-        differentiable_(config.output_router_logits),
+        differentiable_(config.output_router_logits || config.z_loss > 0),
+        actual_picks_(config.expert_bias_rate > 0),
+        z_loss_(config.z_loss > 0),
+        layers_(static_cast<int64_t>(config.layer_types.size())),
         top_k_(config.num_experts_per_tok) {}
   bool block() const override { return true; }
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
-    at::Tensor router_logits;
+    RouterOutput router;
     carry.set("hidden", layer_->forward(carry.get("hidden"), c.cos, c.sin, c.cu_seqlens, nn::fused_kernels(),
-                                        routing_ ? &router_logits : nullptr,
+                                        routing_ ? &router : nullptr,
                                         c.text_shard.enabled() ? &c.context_parallel : nullptr,
                                         c.decoding ? &c.decoding->at(index_) : nullptr));
     if (routing_) {
-      // Without the router loss the counts are only reported: no gradient.
+      // Without the router losses the counts are only reported: no gradient. With an expert bias the
+      // load-balancing loss counts the picks the bias made (else the top k of the logits, as
+      // transformers).
       std::optional<at::NoGradGuard> report_only;
       if (!differentiable_) report_only.emplace();
-      add_routing(carry, router_logits, c.real_tokens, top_k_);
+      add_routing(carry, router, c.real_tokens, top_k_, actual_picks_, z_loss_, static_cast<int64_t>(index_),
+                  layers_);
     }
     return carry;
   }
@@ -165,8 +191,8 @@ class DecoderLayerLayer : public TextLayer {
  private:
   size_t index_;
   std::shared_ptr<DecoderLayer> layer_;
-  bool routing_, differentiable_;
-  int64_t top_k_;
+  bool routing_, differentiable_, actual_picks_, z_loss_;
+  int64_t layers_, top_k_;
 };
 
 class NormLayer : public TextLayer {
@@ -176,7 +202,9 @@ class NormLayer : public TextLayer {
       : TextLayer("model.language_model.norm", norm),
         norm_(std::move(norm)),
         coefficient_(config.router_aux_loss_coef),
+        z_coefficient_(config.z_loss),
         aux_loss_(config.output_router_logits),
+        layers_(static_cast<int64_t>(config.layer_types.size())),
         tp_(tp) {}
   core::Carry forward(core::Carry carry, const core::Context& context) const override {
     const Context& c = qwen35(context);
@@ -190,14 +218,25 @@ class NormLayer : public TextLayer {
       // share one loss (each its own copy); context-parallel ranks add theirs, so each takes 1/cp of it
       // and its counts' gradient sums the ranks'.
       const auto& cp = c.text_shard.group;
-      for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
-        if (c.chunks.split) *count = dist::reduce_from_region(*count, tp_.comm);
-      carry.set("expert_tokens", pooled.picks.detach());  // the step's report of the experts' load
-      if (aux_loss_) {
-        for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows})
-          if (c.text_shard.enabled()) *count = dist::sum_over_region(*count, cp.cp);
+      at::Tensor z = carry.has("router_z") ? carry.take("router_z") : at::Tensor();
+      at::Tensor report = carry.take("expert_report");
+      for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows, &z, &report})
+        if (c.chunks.split && count->defined()) *count = dist::reduce_from_region(*count, tp_.comm);
+      carry.set("expert_tokens", report);  // the step's report of the experts' load, per layer
+      if (aux_loss_ || z.defined()) {
+        for (at::Tensor* count : {&pooled.picks, &pooled.probabilities, &pooled.rows, &z})
+          if (c.text_shard.enabled() && count->defined()) *count = dist::sum_over_region(*count, cp.cp);
         const double share = c.text_shard.enabled() ? 1.0 / static_cast<double>(cp.size()) : 1.0;
-        carry.set("aux_loss", coefficient_ * share * load_balancing_loss(pooled));
+        at::Tensor loss;
+        if (aux_loss_) loss = coefficient_ * share * load_balancing_loss(pooled);
+        // The z-loss of each layer, the mean over its tokens, summed over the layers: pooled.rows counts
+        // every layer's tokens.
+        if (z.defined()) {
+          const at::Tensor z_loss =
+              z_coefficient_ * share * static_cast<double>(layers_) * z / pooled.rows.clamp_min(1);
+          loss = loss.defined() ? loss + z_loss : z_loss;
+        }
+        carry.set("aux_loss", loss);
       }
     }
     return carry;
@@ -205,8 +244,9 @@ class NormLayer : public TextLayer {
 
  private:
   std::shared_ptr<ZeroCentredRMSNorm> norm_;
-  double coefficient_;
+  double coefficient_, z_coefficient_;
   bool aux_loss_;
+  int64_t layers_;
   parallel::TensorParallelGroup tp_;
 };
 
@@ -570,6 +610,12 @@ std::vector<SpecialToken> ForConditionalGeneration::special_tokens() const {
           {"video_token_id", config.video_token_id, "<|video_pad|>"},
           {"vision_start_token_id", config.vision_start_token_id, "<|vision_start|>"},
           {"vision_end_token_id", config.vision_end_token_id, "<|vision_end|>"}};
+}
+
+void ForConditionalGeneration::end_step(const at::Tensor& picks) {
+  for (size_t l = 0; l < language_model->layers.size(); ++l)
+    if (const auto& moe = language_model->layers[l]->moe)
+      moe->update_expert_bias(picks[static_cast<int64_t>(l)]);
 }
 
 nlohmann::json ForConditionalGeneration::hf_config() const {

@@ -98,6 +98,11 @@ class ForConditionalGeneration : public torch::nn::Module, public VisionLanguage
   int64_t max_position_embeddings() const override { return config.max_position_embeddings; }
   int64_t bos_token_id() const override { return config.bos_token_id; }
   int64_t experts() const override { return config.text.num_experts; }
+  int64_t routed_layers() const override {
+    return config.text.moe() ? static_cast<int64_t>(config.text.layer_types.size()) : 0;
+  }
+  // Each layer's expert bias (training.moe_expert_bias_rate) moved towards its step's balance.
+  void end_step(const at::Tensor& picks) override;
 
   using torch::nn::Module::to;
   void to(torch::Device device, bool non_blocking = false) override;

@@ -36,7 +36,7 @@ void init_qwen3_5(core::Model& model, uint64_t seed) {
                               ends_with(name, "post_attention_layernorm.weight") ||
                               name == "model.language_model.norm.weight" ||
                               ends_with(name, "q_norm.weight") || ends_with(name, "k_norm.weight");
-    if (zero_centred) {
+    if (zero_centred || ends_with(name, "mlp.expert_bias")) {
       param.zero_();
     } else if (ends_with(name, "linear_attn.dt_bias")) {
       param.fill_(1.0);
@@ -90,8 +90,12 @@ Family qwen3_5_family(const char* name) {
     if (options.vision_tp && options.vision_tp->size() > 1)
       throw ConfigError(
           "parallel.vision_tp: Qwen3.5's vision tower does not split over tensor-parallel ranks yet");
+    Config config = qwen3_5::parse_config(hf, source);
+    config.text.capacity_factor = options.moe_capacity_factor;
+    config.text.z_loss = options.moe_z_loss;
+    config.text.expert_bias_rate = options.moe_expert_bias_rate;
     return std::static_pointer_cast<core::Model>(
-        std::make_shared<ForConditionalGeneration>(qwen3_5::parse_config(hf, source), options.params));
+        std::make_shared<ForConditionalGeneration>(config, options.params));
   };
   family.init = init_qwen3_5;
   family.load = [](core::Model& model, const std::string& dir) {
@@ -101,6 +105,8 @@ Family qwen3_5_family(const char* name) {
     const int64_t experts = dynamic_cast<const ForConditionalGeneration&>(model).config.text.num_experts;
     const auto locate = [&source, experts](const std::string& parameter) {
       FileTensor at{parameter};
+      // An expert bias is Loom's training state: a model trained without one starts at zero.
+      at.optional = ends_with(parameter, "mlp.expert_bias");
       for (const char* fused : {"mlp.experts.gate_up_proj", "mlp.experts.down_proj"}) {
         if (!ends_with(parameter, fused) || source.contains(parameter)) continue;
         const std::string base =

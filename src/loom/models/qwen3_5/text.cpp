@@ -55,7 +55,7 @@ at::Tensor Experts::forward(const at::Tensor& rows, const at::Tensor& ends) cons
 }
 
 SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions& options)
-    : top_k(c.num_experts_per_tok) {
+    : top_k(c.num_experts_per_tok), capacity_factor(c.capacity_factor), expert_bias_rate(c.expert_bias_rate) {
   if (top_k < 1 || top_k > c.num_experts)
     throw ConfigError(
         fmt::format("num_experts_per_tok {} must be between 1 and num_experts {}", top_k, c.num_experts));
@@ -69,23 +69,46 @@ SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions
   shared_expert_gate = register_module(
       "shared_expert_gate",
       std::make_shared<parallel::ShardedWeight>(at::IntArrayRef{1, c.hidden_size}, whole, options));
+  if (expert_bias_rate > 0)
+    expert_bias = register_parameter(
+        "expert_bias", at::zeros({c.num_experts}, options.tensor_options().dtype(at::kFloat)), false);
 }
 
-at::Tensor SparseMoeBlock::forward(const at::Tensor& x, at::Tensor* router_logits) const {
+at::Tensor SparseMoeBlock::forward(const at::Tensor& x, RouterOutput* router) const {
   const at::Tensor logits = at::linear(x, gate->weight);  // (T, E), the model's dtype
-  if (router_logits) *router_logits = logits;
   const at::Tensor probabilities = at::softmax(logits, -1, at::kFloat);
-  auto [weights, chosen] = probabilities.topk(top_k, -1);
+  at::Tensor weights, chosen;
+  if (expert_bias.defined()) {
+    // Auxiliary-loss-free balance: the bias moves which experts a token picks, not their weights.
+    chosen = std::get<1>((probabilities.detach() + expert_bias).topk(top_k, -1));
+    weights = probabilities.gather(-1, chosen);
+  } else {
+    std::tie(weights, chosen) = probabilities.topk(top_k, -1);
+  }
+  at::Tensor kept;
+  if (capacity_factor > 0)
+    kept = parallel::within_capacity(
+        chosen, weights.detach(), experts->total(),
+        parallel::expert_capacity(capacity_factor, x.size(0), top_k, experts->total()));
+  if (router) *router = {logits, chosen, kept};
   weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
   // The tokens' picks as rows grouped by expert, every expert over its rows in one grouped
   // product (under expert parallelism on the rank holding it), each row weighted and added back at
   // its token.
-  const parallel::ExpertDispatch dispatch = parallel::dispatch_by_expert(chosen, experts->total());
+  const parallel::ExpertDispatch dispatch = parallel::dispatch_by_expert(chosen, experts->total(), kept);
   const at::Tensor out = parallel::exchange_with_experts(
       dispatch, parallel::dispatch_rows(dispatch, x), experts->ep(),
       [this](const at::Tensor& rows, const at::Tensor& ends) { return experts->forward(rows, ends); });
   const at::Tensor routed = parallel::combine_rows(dispatch, out, weights);
   return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
+}
+
+void SparseMoeBlock::update_expert_bias(const at::Tensor& picks) {
+  // Under pipeline parallelism another stage's layer has no storage here: its stage updates it.
+  if (!expert_bias.defined() || expert_bias.storage().nbytes() == 0) return;
+  at::NoGradGuard no_grad;
+  const at::Tensor load = picks.to(expert_bias.device(), at::kFloat);
+  expert_bias.add_(at::sign(load.mean() - load) * expert_bias_rate);
 }
 
 RoutingCounts& RoutingCounts::operator+=(const RoutingCounts& other) {
@@ -95,10 +118,11 @@ RoutingCounts& RoutingCounts::operator+=(const RoutingCounts& other) {
   return *this;
 }
 
-RoutingCounts routing_counts(const at::Tensor& logits, int64_t top_k, const at::Tensor& real) {
+RoutingCounts routing_counts(const at::Tensor& logits, int64_t top_k, const at::Tensor& real,
+                             const at::Tensor& picked) {
   const int64_t experts = logits.size(-1);
   const at::Tensor probabilities = at::softmax(logits, -1);
-  const at::Tensor chosen = std::get<1>(probabilities.topk(top_k, -1));
+  const at::Tensor chosen = picked.defined() ? picked : std::get<1>(probabilities.topk(top_k, -1));
   const at::Tensor mask =
       (real.defined() ? real : at::ones({logits.size(0)}, logits.options().dtype(at::kBool)))
           .to(at::kFloat)
@@ -143,9 +167,8 @@ DecoderLayer::DecoderLayer(const TextConfig& c, size_t index, const parallel::Pa
 }
 
 at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                                 const std::vector<int64_t>& cu_seqlens, bool fused,
-                                 at::Tensor* router_logits, const ContextParallelPass* cp,
-                                 LayerDecoding* decoding) const {
+                                 const std::vector<int64_t>& cu_seqlens, bool fused, RouterOutput* router,
+                                 const ContextParallelPass* cp, LayerDecoding* decoding) const {
   const at::Tensor normed = input_layernorm->forward(x);
   const at::Tensor h =
       x + (linear_attn ? linear_attn->forward(normed, cu_seqlens, fused, cp ? &cp->linear : nullptr,
@@ -153,7 +176,7 @@ at::Tensor DecoderLayer::forward(const at::Tensor& x, const at::Tensor& cos, con
                        : self_attn->forward(normed, cos, sin, cu_seqlens, cp ? &cp->attention : nullptr,
                                             decoding ? &decoding->attention : nullptr));
   const at::Tensor rows = post_attention_layernorm->forward(h).squeeze(0);
-  const at::Tensor out = moe ? moe->forward(rows, router_logits) : mlp->forward(rows);
+  const at::Tensor out = moe ? moe->forward(rows, router) : mlp->forward(rows);
   return h + out.unsqueeze(0);
 }
 
@@ -175,9 +198,9 @@ at::Tensor TextModel::forward(const at::Tensor& input_ids, const at::Tensor& pos
   at::Tensor h = embed_tokens->forward(input_ids);
   const auto [cos, sin] = rotary_tables(positions, config.rotary, h.scalar_type());
   for (const auto& layer : layers) {
-    at::Tensor logits;
-    h = layer->forward(h, cos, sin, cu_seqlens, fused, router_logits ? &logits : nullptr);
-    if (router_logits && logits.defined()) router_logits->push_back(logits);
+    RouterOutput router;
+    h = layer->forward(h, cos, sin, cu_seqlens, fused, router_logits ? &router : nullptr);
+    if (router_logits && router.logits.defined()) router_logits->push_back(router.logits);
   }
   return norm->forward(h);
 }

@@ -32,6 +32,12 @@ struct TextConfig {
   // As transformers: the load-balancing loss joins the training loss (times router_aux_loss_coef)
   // only when the config asks for the router logits.
   bool output_router_logits = false;
+  // The job's routing choices (training.moe_*; docs/parallelism.md "Expert load"), not config.json's:
+  // capacity_factor > 0 caps each expert at ceil(capacity_factor * T * k / E) of a micro-batch's T tokens'
+  // picks (those of highest probability; the rest dropped); z_loss the router z-loss's coefficient;
+  // expert_bias_rate > 0 picks experts by probability plus a per-expert bias (mlp.expert_bias), moved
+  // by that much towards balance after every step.
+  double capacity_factor = 0.0, z_loss = 0.0, expert_bias_rate = 0.0;
   bool moe() const { return num_experts > 0; }
 };
 
@@ -66,30 +72,46 @@ class Experts : public torch::nn::Module, public parallel::Sharded {
   int64_t total_ = 0;
 };
 
+// What a MoE layer's router did with its T tokens.
+struct RouterOutput {
+  at::Tensor logits;  // (T, E), the model's dtype
+  at::Tensor chosen;  // (T, k) int64: each token's experts
+  at::Tensor kept;    // (T, k) bool: the picks its experts computed (undefined: every pick, dropless)
+};
+
 // The sparse block: router (gate) softmax in fp32 over the experts, the top k renormalised to sum to
 // one, each token through its k experts weighted so; plus the shared expert times
-// sigmoid(shared_expert_gate(x)). Under tensor parallelism the router, its experts and the shared
-// expert's gate are whole on every rank, each rank routing the tokens it holds (all of them, or its
-// sequence chunk); the shared expert is split as the dense MLP is.
+// sigmoid(shared_expert_gate(x)). With an expert bias the top k are those of probability plus bias,
+// weighted by their probabilities; with a capacity, the picks beyond an expert's capacity are dropped. Under
+// tensor parallelism the router, its experts and the shared expert's gate are whole on every rank, each rank
+// routing the tokens it holds (all of them, or its sequence chunk); the shared expert is split as the dense
+// MLP is.
 class SparseMoeBlock : public torch::nn::Module {
  public:
   SparseMoeBlock(const TextConfig& config, const parallel::ParamOptions& options);
-  // x (T, hidden) -> (T, hidden); `router_logits`, when given, receives (T, experts).
-  at::Tensor forward(const at::Tensor& x, at::Tensor* router_logits = nullptr) const;
+  // x (T, hidden) -> (T, hidden); `router`, when given, receives the routing.
+  at::Tensor forward(const at::Tensor& x, RouterOutput* router = nullptr) const;
+  // After a step: the bias moved by expert_bias_rate towards the experts with fewer than the mean of
+  // `picks` (E), the step's picks of this layer over every rank. No-op without a bias.
+  void update_expert_bias(const at::Tensor& picks);
   int64_t top_k;
+  double capacity_factor, expert_bias_rate;
+  at::Tensor expert_bias;  // (E) fp32, not trained by gradients; undefined: none
   std::shared_ptr<parallel::ShardedWeight> gate, shared_expert_gate;  // (E, hidden), (1, hidden)
   std::shared_ptr<Experts> experts;
   std::shared_ptr<Mlp> shared_expert;
 };
 
 // One MoE layer's routing, over the tokens `real` (T) bool marks (undefined: all): the top-k picks
-// each expert got and the routing probabilities (softmax in the logits' dtype, as transformers)
-// summed over them, and their number. Counts of several layers add up.
+// each expert got (`chosen` (T, k); undefined: the top k of the logits) and the routing probabilities
+// (softmax in the logits' dtype, as transformers) summed over them, and their number. Counts of
+// several layers add up.
 struct RoutingCounts {
   at::Tensor picks, probabilities, rows;  // (E), (E), () fp32
   RoutingCounts& operator+=(const RoutingCounts& other);
 };
-RoutingCounts routing_counts(const at::Tensor& router_logits, int64_t top_k, const at::Tensor& real = {});
+RoutingCounts routing_counts(const at::Tensor& router_logits, int64_t top_k, const at::Tensor& real = {},
+                             const at::Tensor& chosen = {});
 
 // transformers' load-balancing loss from counts pooled over every layer: the share of picks each
 // expert got and its mean routing probability, then E * sum_e share_e * probability_e.
@@ -114,7 +136,7 @@ class DecoderLayer : public torch::nn::Module {
   DecoderLayer(const TextConfig& config, size_t index, const parallel::ParamOptions& options);
   // x (1, T, hidden) -> (1, T, hidden); `cp`: x is this rank's context-parallel shard.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
-                     const std::vector<int64_t>& cu_seqlens, bool fused, at::Tensor* router_logits,
+                     const std::vector<int64_t>& cu_seqlens, bool fused, RouterOutput* router,
                      const ContextParallelPass* cp = nullptr, LayerDecoding* decoding = nullptr) const;
   bool linear() const { return static_cast<bool>(linear_attn); }
   std::shared_ptr<ZeroCentredRMSNorm> input_layernorm, post_attention_layernorm;
