@@ -10,13 +10,16 @@
 #   (its router loss in the loss, the routing counts carried across the stages and summed over the
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
-#   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2; ep=2 x cp=2;
-#   ep=2 x tp=2 with SP),
+#   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2, also with
+#   ZeRO-1; ep=2 x cp=2; ep=2 x tp=2 with SP; ep=4 with hot-expert replication, which lowers the most
+#   loaded ep rank's rows over the mean),
 #   loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
 #   every layout; the step-20 weights of ep=2, ep=4, ep=2 x ZeRO-1 on 4 ranks and ep=2 x pp=2 are one process's
 #   within 1e-5, and ep=4's
-#   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses;
+#   step-10 checkpoint resumes in one process and at ep=2 with one process's next losses; a capacity
+#   with drops, the expert bias and the z-loss give one process's losses, drops and biases at ep=2 and
+#   ep=2 x pp=2;
 # - recompute (full with offload, and selective) gives the plain run's losses bit for bit;
 # - transformers loads the trained checkpoint with no missing or unexpected keys, and AutoProcessor
 #   makes its processor, whose video processor has the clip bounds the run trained with.
@@ -154,7 +157,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep4hot ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -169,6 +172,8 @@ for variant in dense moe; do
       # Expert parallelism: each data rank holds 4 experts (ep2) or 2 (ep4, one sample a rank).
       ep2) extra=(--set parallel.ep=2 --set training.save_every=10);;
       ep4) extra=(--set parallel.ep=4 --set training.micro_batch_size=1 --set training.save_every=10); ranks=4;;
+      # Hot-expert replication: a rank over 1.1x the mean rows copies its hottest expert to the least loaded.
+      ep4hot) extra=(--set parallel.ep=4 --set parallel.hot_expert_threshold=1.1 --set training.micro_batch_size=1); ranks=4;;
       # ep=2 over 4 data ranks: each expert on two of them, its gradient summed over both.
       ep2dp4) extra=(--set parallel.ep=2 --set training.micro_batch_size=1); ranks=4;;
       # ZeRO-1 over each gradient group: the experts' state over their 2 expert-data ranks.
@@ -215,6 +220,16 @@ if variant == "moe":
     loads = [one[s]["expert_load"] for s in sorted(one)]
     print(f"qwen3.5 moe expert_load (most tokens an expert got over the mean) {min(loads):.3f} to {max(loads):.3f}, "
           f"the same in every layout")
+    # The ep ranks' load: the most rows a rank computed over the mean, without copies (ep4) and with
+    # hot-expert replication (ep4hot), which must lower it.
+    plain, hot = steps(f"{work}/moe-ep4/metrics.jsonl"), steps(f"{work}/moe-ep4hot/metrics.jsonl")
+    assert all(abs(plain[s]["ep_rank_load"] - hot[s]["ep_rank_load_unreplicated"]) < 1e-9 for s in plain)
+    assert all(plain[s]["ep_rank_load"] == plain[s]["ep_rank_load_unreplicated"] for s in plain)
+    before = sum(hot[s]["ep_rank_load_unreplicated"] for s in hot) / 20
+    after = sum(hot[s]["ep_rank_load"] for s in hot) / 20
+    print(f"qwen3.5 moe ep=4 ranks' load (most rows over the mean, mean of 20 steps): {before:.3f} without "
+          f"replication, {after:.3f} with hot-expert replication above 1.1")
+    assert after < before
 PY
 done
 # Expert parallelism's checkpoints: the step-20 weights of ep=2, ep=4, ep=2 x ZeRO-1 and ep=2 x pp=2 are one
@@ -239,7 +254,7 @@ work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 from runs import steps, tensors
 one = tensors(f"{work}/moe-one/step-00000020/model.safetensors")
-for layout in ("ep2", "ep4", "ep2dp4zero1", "ep2pp2"):
+for layout in ("ep2", "ep4", "ep4hot", "ep2dp4zero1", "ep2pp2"):
     theirs = tensors(f"{work}/moe-{layout}/step-00000020/model.safetensors")
     assert sorted(theirs) == sorted(one) and all(len(theirs[k]) == len(one[k]) for k in one), layout
     worst = max(max(abs(a - b) for a, b in zip(one[k], theirs[k])) / max(1.0, max(abs(a) for a in one[k]))

@@ -223,8 +223,12 @@ struct ParallelSection {
   bool dynamic_cp = false;
   int64_t dynamic_cp_tokens = 0;  // >= 1 with dynamic_cp
   bool sequence_parallel = false;
-  int64_t vision_tp = 0;    // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
-  int64_t zero = 0;         // 0, 1 or 3
+  int64_t vision_tp = 0;  // the vision tower's tp: 1 (whole on every tp rank) or tp; 0 = tp
+  int64_t zero = 0;       // 0, 1 or 3
+  // ep > 1: hot-expert replication (parallel/expert.h ExpertExchange): when the rows an ep rank would
+  // compute in a MoE layer are over this many times the ranks' mean, its hottest expert is copied for
+  // the pass to the least loaded rank with part of its rows; 0: never.
+  double hot_expert_threshold = 0.0;
   int64_t timeout_s = 300;  // a collective or the rendezvous waits this long for the other ranks; >= 1
   // Every rank fails this long after another rank's heartbeat stopped (a stopped or hung process),
   // whatever collective it waits in; >= 3.
@@ -254,6 +258,7 @@ struct ParallelSection {
     k("sequence_parallel", &S::sequence_parallel);
     k("vision_tp", &S::vision_tp);
     k("zero", &S::zero, one_of({0, 1, 3}));
+    k("hot_expert_threshold", &S::hot_expert_threshold, at_least(0.0));
     k("timeout_s", &S::timeout_s, at_least(1), at_most(kMaxTimeout));
     k("heartbeat_timeout_s", &S::heartbeat_timeout_s, at_least(3), at_most(kMaxTimeout));
     k("bucket_mb", &S::bucket_mb, at_least(1), at_most(int64_t{1} << 20));

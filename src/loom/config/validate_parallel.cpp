@@ -116,6 +116,15 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
   if (p.ep > 1 && dims.experts % p.ep != 0)
     fail(fmt::format("parallel.ep={} does not divide the model's {} experts", p.ep, dims.experts));
 
+  if (p.hot_expert_threshold > 0 && p.ep == 1)
+    fail(
+        fmt::format("parallel.hot_expert_threshold={}: only read with parallel.ep > 1 (remove it, or set ep)",
+                    p.hot_expert_threshold));
+  if (p.hot_expert_threshold > 0 && p.hot_expert_threshold < 1)
+    fail(fmt::format(
+        "parallel.hot_expert_threshold={}: a rank's rows over this many times the mean; the most loaded rank "
+        "is always at least the mean, so use 0 (off) or a value >= 1 (for example 1.5)",
+        p.hot_expert_threshold));
   for (const auto& [key, value] :
        {std::pair<const char*, double>{"moe_capacity_factor", t.moe_capacity_factor},
         {"moe_z_loss", t.moe_z_loss},

@@ -50,7 +50,9 @@ struct ForwardResult {
   int64_t tokens = 0, samples = 0;
   double flops = 0;  // training FLOPs (forward + backward) of this micro-batch
   // The last stage's, for a mixture-of-experts model (Model::experts()): per routed layer, the picks
-  // each expert got and then the picks dropped over capacity, (Model::routed_layers(), E + 1) fp32,
+  // each expert got, the picks dropped over capacity, and under expert parallelism the rows of the
+  // most loaded ep rank before and after hot-expert replication and the ranks' mean (each summed over
+  // the layer's passes), (Model::routed_layers(), E + 4) fp32,
   // over this rank's share of the micro-batch's tokens (a context-parallel rank's part; whole on every
   // tensor-parallel rank).
   at::Tensor expert_tokens;

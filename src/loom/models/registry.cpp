@@ -219,6 +219,7 @@ std::shared_ptr<core::Model> build_job_model(const config::JobConfig& job, const
   options.params.tp = {layout.tp(), job.parallel.sequence_parallel};
   options.params.cp = cp;
   options.params.ep = layout.parallel->ep();
+  options.params.replicate_above = job.parallel.hot_expert_threshold;
   if (job.parallel.vision_tp == 1) options.vision_tp = parallel::TensorParallelGroup{};
   options.moe_capacity_factor = job.training.moe_capacity_factor;
   options.moe_z_loss = job.training.moe_z_loss;

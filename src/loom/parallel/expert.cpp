@@ -68,37 +68,181 @@ at::Tensor combine_rows(const ExpertDispatch& d, const at::Tensor& rows, const a
   return at::zeros({d.tokens, rows.size(1)}, rows.options()).index_add(0, d.token, rows * scale);
 }
 
-at::Tensor exchange_with_experts(
-    const ExpertDispatch& d, const at::Tensor& rows, const std::shared_ptr<dist::Comm>& ep,
-    const std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& ends)>& experts) {
-  if (!ep || ep->size() == 1) return experts(rows, d.ends);
-  const int64_t ranks = ep->size(), local = d.experts / ranks;
+namespace {
+
+// Where each source rank's rows of each expert go for one pass (to its owner, or to a rank holding a
+// copy of it), the copies, and the rows each rank computes: the same on every rank, from every
+// rank's counts.
+struct ExchangePlan {
+  int64_t ranks = 0, local = 0;
+  std::vector<std::vector<int64_t>> counts;  // [source][expert]: rows
+  std::vector<std::vector<int64_t>> dest;    // [source][expert]: the rank computing them
+  struct Copy {
+    int64_t expert, from, to;
+  };
+  std::vector<Copy> copies;          // in the order they were made
+  std::vector<int64_t> load_before;  // rows per rank with every expert at its owner
+  std::vector<int64_t> load;         // rows per rank
+  int64_t owner(int64_t expert) const { return expert / local; }
+  // The copies rank `to` receives, in the order they travel (by the rank sending, then as made).
+  std::vector<Copy> copies_to(int64_t to) const {
+    std::vector<Copy> out;
+    for (int64_t from = 0; from < ranks; ++from)
+      for (const Copy& c : copies)
+        if (c.to == to && c.from == from) out.push_back(c);
+    return out;
+  }
+  // The group rank `r` computes expert e's rows in: its own experts first, then its copies.
+  int64_t group(int64_t r, int64_t e) const {
+    if (owner(e) == r) return e - r * local;
+    const auto mine = copies_to(r);
+    for (size_t j = 0; j < mine.size(); ++j)
+      if (mine[j].expert == e) return local + static_cast<int64_t>(j);
+    throw ModelError(fmt::format("expert exchange: rank {} holds no copy of expert {}", r, e));
+  }
+};
+
+ExchangePlan plan_exchange(const at::Tensor& counts, int64_t ranks, double replicate_above) {
+  ExchangePlan p;
+  p.ranks = ranks;
+  const int64_t experts = counts.size(1);
+  p.local = experts / ranks;
+  const at::Tensor c = counts.to(at::kLong).contiguous();
+  p.counts.assign(ranks, std::vector<int64_t>(experts));
+  p.dest.assign(ranks, std::vector<int64_t>(experts));
+  p.load.assign(ranks, 0);
+  for (int64_t s = 0; s < ranks; ++s)
+    for (int64_t e = 0; e < experts; ++e) {
+      p.counts[s][e] = c[s][e].item<int64_t>();
+      p.dest[s][e] = p.owner(e);
+      p.load[p.owner(e)] += p.counts[s][e];
+    }
+  p.load_before = p.load;
+  if (replicate_above <= 0) return p;
+  int64_t total = 0;
+  for (int64_t l : p.load) total += l;
+  const double mean = static_cast<double>(total) / static_cast<double>(ranks);
+  // Greedy, at most one copy a rank pair per pass: while the most loaded rank is over the threshold,
+  // copy its hottest expert (by the rows it still computes) to the least loaded rank, and send it
+  // whole sources' rows of that expert (the receiving rank's own first, then the next ranks) up to
+  // half the two ranks' difference.
+  for (int64_t step = 0; step + 1 < ranks; ++step) {
+    const int64_t o = std::max_element(p.load.begin(), p.load.end()) - p.load.begin();
+    const int64_t u = std::min_element(p.load.begin(), p.load.end()) - p.load.begin();
+    if (static_cast<double>(p.load[o]) <= replicate_above * mean || o == u) break;
+    int64_t hot = -1, hottest = 0;
+    for (int64_t e = o * p.local; e < (o + 1) * p.local; ++e) {
+      int64_t rows = 0;
+      for (int64_t s = 0; s < ranks; ++s)
+        if (p.dest[s][e] == o) rows += p.counts[s][e];
+      const bool copied = std::any_of(p.copies.begin(), p.copies.end(), [&](const ExchangePlan::Copy& x) {
+        return x.expert == e && x.to == u;
+      });
+      if (rows > hottest && !copied) hot = e, hottest = rows;
+    }
+    if (hot < 0) break;
+    const int64_t target = (p.load[o] - p.load[u]) / 2;
+    int64_t moved = 0;
+    for (int64_t i = 0; i < ranks; ++i) {
+      const int64_t s = (u + i) % ranks;
+      const int64_t rows = p.counts[s][hot];
+      if (p.dest[s][hot] != o || rows == 0 || moved + rows > target) continue;
+      p.dest[s][hot] = u;
+      moved += rows;
+    }
+    if (moved == 0) break;
+    p.copies.push_back({hot, o, u});
+    p.load[o] -= moved;
+    p.load[u] += moved;
+  }
+  return p;
+}
+
+at::Tensor inverse_of(const at::Tensor& order) {
+  return at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
+}
+
+}  // namespace
+
+at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows,
+                                 const ExpertExchange& exchange, const std::vector<at::Tensor>& weights,
+                                 const ExpertCompute& experts, ExchangeLoad* load) {
+  const std::shared_ptr<dist::Comm>& ep = exchange.ep;
+  if (!ep || ep->size() == 1) return experts(rows, d.ends, weights);
+  const int64_t ranks = ep->size(), me = ep->rank(), local = d.experts / ranks;
   if (d.experts % ranks != 0)
     throw ModelError(fmt::format("expert parallelism: {} ranks do not split {} experts", ranks, d.experts));
-  // Rows per (destination rank, its expert), and per (source rank, this rank's expert): one
-  // exchange of the counts, then to the host for the splits.
-  const at::Tensor sent_counts = d.counts.to(at::kCPU).contiguous();
-  at::Tensor received_counts = at::empty({d.experts}, sent_counts.options());
-  ep->all_to_all(sent_counts, received_counts, std::vector<int64_t>(ranks, local),
-                 std::vector<int64_t>(ranks, local));
-  const at::Tensor by_source = received_counts.view({ranks, local});
-  std::vector<int64_t> send_splits(ranks), receive_splits(ranks);
-  for (int64_t r = 0; r < ranks; ++r) {
-    send_splits[r] = sent_counts.narrow(0, r * local, local).sum().item<int64_t>();
-    receive_splits[r] = by_source[r].sum().item<int64_t>();
+  // Every rank's rows per expert (one small gather, to the host), from which every rank makes the
+  // same plan.
+  const at::Tensor mine = d.counts.to(at::kCPU).contiguous();
+  at::Tensor every = at::empty({ranks * d.experts}, mine.options());
+  ep->all_gather_flat(mine, every);
+  const ExchangePlan plan = plan_exchange(every.view({ranks, d.experts}), ranks, exchange.replicate_above);
+  if (load) {
+    int64_t total = 0;
+    for (int64_t l : plan.load) total += l;
+    load->most_before =
+        static_cast<double>(*std::max_element(plan.load_before.begin(), plan.load_before.end()));
+    load->most = static_cast<double>(*std::max_element(plan.load.begin(), plan.load.end()));
+    load->mean = static_cast<double>(total) / static_cast<double>(ranks);
   }
-  const at::Tensor received = dist::all_to_all(rows, ep, receive_splits, send_splits);
-  // From each source, its rows for this rank's experts in expert order: regrouped by expert
-  // (stable: by source, then token order, within an expert).
-  const at::Tensor expert_of_row =
-      at::arange(local, at::kLong).repeat({ranks}).repeat_interleave(received_counts).to(rows.device());
-  const at::Tensor order = std::get<1>(
-      at::sort(expert_of_row, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
-  const at::Tensor ends = by_source.sum(0).cumsum(0).to(at::kInt).to(rows.device());
-  const at::Tensor out = experts(received.index_select(0, order), ends);
-  const at::Tensor inverse =
-      at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
-  return dist::all_to_all(out.index_select(0, inverse), ep, send_splits, receive_splits);
+  // This rank's rows in order of the rank computing them (stable: by expert, then token, within a
+  // rank), and the splits each way.
+  std::vector<int64_t> send_splits(ranks, 0), receive_splits(ranks, 0);
+  std::vector<int64_t> dest_of_expert(d.experts);
+  for (int64_t e = 0; e < d.experts; ++e) {
+    dest_of_expert[e] = plan.dest[me][e];
+    send_splits[plan.dest[me][e]] += plan.counts[me][e];
+    for (int64_t s = 0; s < ranks; ++s)
+      if (plan.dest[s][e] == me) receive_splits[s] += plan.counts[s][e];
+  }
+  at::Tensor sent = rows, by_dest;
+  if (!plan.copies.empty()) {
+    const at::Tensor dest_of_row =
+        at::tensor(dest_of_expert, at::kLong).repeat_interleave(mine).to(rows.device());
+    by_dest = std::get<1>(
+        at::sort(dest_of_row, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
+    sent = rows.index_select(0, by_dest);
+  }
+  const at::Tensor received = dist::all_to_all(sent, ep, receive_splits, send_splits);
+  // The rows received, each source's in expert order, regrouped by the group computing them here
+  // (stable: by source, then token order, within a group): this rank's experts, then its copies.
+  const auto copies = plan.copies_to(me);
+  std::vector<int64_t> group_of_row;
+  group_of_row.reserve(static_cast<size_t>(received.size(0)));
+  std::vector<int64_t> group_rows(static_cast<size_t>(local) + copies.size(), 0);
+  for (int64_t s = 0; s < ranks; ++s)
+    for (int64_t e = 0; e < d.experts; ++e)
+      if (plan.dest[s][e] == me && plan.counts[s][e] > 0) {
+        const int64_t g = plan.group(me, e);
+        group_of_row.insert(group_of_row.end(), plan.counts[s][e], g);
+        group_rows[g] += plan.counts[s][e];
+      }
+  const at::Tensor order = std::get<1>(at::sort(at::tensor(group_of_row, at::kLong).to(rows.device()),
+                                                /*stable=*/std::optional<bool>(true), /*dim=*/0,
+                                                /*descending=*/false));
+  const at::Tensor ends = at::tensor(group_rows, at::kLong).cumsum(0).to(at::kInt).to(rows.device());
+  // The copies' weights from their owners (one exchange per weight; its backward sends each copy's
+  // gradient back, where it adds to the owner's).
+  std::vector<at::Tensor> held = weights;
+  if (!plan.copies.empty()) {
+    std::vector<int64_t> send_copies(ranks, 0), receive_copies(ranks, 0), sent_experts;
+    for (int64_t to = 0; to < ranks; ++to)
+      for (const auto& c : plan.copies_to(to)) {
+        if (c.from == me) {
+          ++send_copies[to];
+          sent_experts.push_back(c.expert - me * local);
+        }
+        if (to == me) ++receive_copies[c.from];
+      }
+    const at::Tensor index = at::tensor(sent_experts, at::kLong).to(rows.device());
+    for (at::Tensor& w : held)
+      w = at::cat({w, dist::all_to_all(w.index_select(0, index), ep, receive_copies, send_copies)});
+  }
+  const at::Tensor out = experts(received.index_select(0, order), ends, held);
+  const at::Tensor back =
+      dist::all_to_all(out.index_select(0, inverse_of(order)), ep, send_splits, receive_splits);
+  return by_dest.defined() ? back.index_select(0, inverse_of(by_dest)) : back;
 }
 
 }  // namespace loom::parallel

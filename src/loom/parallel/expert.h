@@ -40,14 +40,37 @@ at::Tensor dispatch_rows(const ExpertDispatch& d, const at::Tensor& x);
 // pick's weight, summed (in expert order).
 at::Tensor combine_rows(const ExpertDispatch& d, const at::Tensor& rows, const at::Tensor& weights);
 
-// The experts over the dispatched rows (T * k, H), grouped by expert: `experts` (rows grouped by
-// this rank's experts, their ends) -> its outputs, row for row. With `ep` (expert parallelism,
-// null or one rank: none) the experts are split over its ranks in equal consecutive blocks: each
-// row goes to the rank holding its expert (an all-to-all of unequal splits, whose sizes the ranks
-// first exchange from the device's counts), the rows a rank receives are regrouped by its experts,
-// and the outputs go back the same way. Differentiable; every rank of `ep` calls it together.
-at::Tensor exchange_with_experts(
-    const ExpertDispatch& d, const at::Tensor& rows, const std::shared_ptr<dist::Comm>& ep,
-    const std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& ends)>& experts);
+// How the dispatched rows reach the experts: `ep` (null or one rank: every expert on this rank)
+// splits the experts over its ranks in equal consecutive blocks. replicate_above > 0 (hot-expert
+// replication, MindSpeed's "move the parameters to the data"): when the rows some ep rank would compute
+// are over that many times the mean over the ranks, its hottest expert is copied for the pass to the
+// least loaded rank, with part of that expert's rows (whole sources' rows, up to half the two ranks'
+// difference), and so on while a rank is over it (at most ep - 1 copies).
+struct ExpertExchange {
+  std::shared_ptr<dist::Comm> ep;
+  double replicate_above = 0.0;
+};
+
+// The rows ep ranks computed in one exchange: the most on a rank with every expert at its owner, the
+// most after replication, and the mean (the same on every rank of the group).
+struct ExchangeLoad {
+  double most_before = 0.0, most = 0.0, mean = 0.0;
+};
+
+// The experts' computation: rows grouped by expert (`ends`, the groups' ends), each group through
+// the experts' `weights` of the same index (each tensor (groups, ...)) -> its outputs, row for row.
+using ExpertCompute = std::function<at::Tensor(const at::Tensor& rows, const at::Tensor& ends,
+                                               const std::vector<at::Tensor>& weights)>;
+
+// The experts over the dispatched rows (T * k, H), grouped by expert: `weights` are this rank's
+// experts' (E / ep of them each). Under expert parallelism each row goes to the rank computing its
+// expert (an all-to-all of unequal splits, whose sizes come from every rank's counts, gathered once),
+// the rows a rank receives are regrouped by its experts (then the copies it holds, whose weights come
+// from their owners), and the outputs go back the same way. Differentiable (a copy's gradient adds
+// to its owner's); every rank of `ep` calls it together. `load`, when given, receives the ranks'
+// rows.
+at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows,
+                                 const ExpertExchange& exchange, const std::vector<at::Tensor>& weights,
+                                 const ExpertCompute& experts, ExchangeLoad* load = nullptr);
 
 }  // namespace loom::parallel

@@ -39,8 +39,10 @@ struct ParamOptions {
   bool shapes_only = false;
   TensorParallelGroup tp;
   ContextParallelGroup cp;  // what a model's training pass splits each sample's tokens over
-  // Expert parallelism: the group a mixture of experts splits its experts over (null: ep 1).
+  // Expert parallelism: the group a mixture of experts splits its experts over (null: ep 1), and
+  // the load over which a hot expert is copied to another rank for a pass (ExpertExchange; 0: never).
   std::shared_ptr<dist::Comm> ep;
+  double replicate_above = 0.0;
   at::TensorOptions tensor_options() const;
 };
 

@@ -189,7 +189,7 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
   // A mixture of experts: per layer, the picks each expert got and those dropped (every rank adds as
   // many entries; the stages without the loss add zeros).
   const int64_t experts = parts_.model->experts();
-  const int64_t routed = experts > 0 ? parts_.model->routed_layers() * (experts + 1) : 0;
+  const int64_t routed = experts > 0 ? parts_.model->routed_layers() * (experts + 4) : 0;
   const size_t routed_at = values.size();
   if (routed > 0) {
     if (!r.expert_tokens.empty() && static_cast<int64_t>(r.expert_tokens.size()) != routed)
@@ -205,13 +205,19 @@ Trainer::StepStats Trainer::train_step(const core::StepData& step) {
         at::tensor(std::vector<double>(totals.begin() + static_cast<std::ptrdiff_t>(routed_at),
                                        totals.begin() + static_cast<std::ptrdiff_t>(routed_at + routed)),
                    at::kDouble)
-            .view({parts_.model->routed_layers(), experts + 1});
+            .view({parts_.model->routed_layers(), experts + 4});
     stats.layer_picks = report.narrow(1, 0, experts);
     const at::Tensor per_expert = stats.layer_picks.sum(0);
     const double sum = per_expert.sum().item<double>();
     if (sum > 0) stats.expert_load = per_expert.max().item<double>() / (sum / static_cast<double>(experts));
     stats.expert_tokens.assign(per_expert.data_ptr<double>(), per_expert.data_ptr<double>() + experts);
     stats.expert_dropped = report.select(1, experts).sum().item<double>();
+    // Expert parallelism: the most loaded ep rank's rows over the mean, over every layer and pass.
+    const double mean = report.select(1, experts + 3).sum().item<double>();
+    if (mean > 0) {
+      stats.ep_rank_load = report.select(1, experts + 2).sum().item<double>() / mean;
+      stats.ep_rank_load_unreplicated = report.select(1, experts + 1).sum().item<double>() / mean;
+    }
   }
   stats.loss = totals[0] * scale;
   stats.tokens = static_cast<int64_t>(totals[1]);
@@ -372,6 +378,10 @@ std::optional<core::Evaluation> Trainer::train() {
       if (!stats.expert_tokens.empty()) {
         record["expert_tokens"] = stats.expert_tokens;
         record["expert_dropped"] = stats.expert_dropped;
+      }
+      if (stats.ep_rank_load > 0) {
+        record["ep_rank_load"] = stats.ep_rank_load;
+        record["ep_rank_load_unreplicated"] = stats.ep_rank_load_unreplicated;
       }
       metrics->write(record);
     }

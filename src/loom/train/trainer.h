@@ -112,7 +112,10 @@ class Trainer {
     // The picks each expert got over the step (every MoE layer's and rank's added); empty: dense.
     std::vector<double> expert_tokens;
     double expert_dropped = 0;  // picks dropped over an expert's capacity (every layer and rank)
-    at::Tensor layer_picks;     // (routed layers, experts) fp64: the picks of each layer's experts
+    // Expert parallelism: the most loaded ep rank's rows over the mean (every layer and pass pooled),
+    // after hot-expert replication and before; 0 without ep.
+    double ep_rank_load = 0, ep_rank_load_unreplicated = 0;
+    at::Tensor layer_picks;  // (routed layers, experts) fp64: the picks of each layer's experts
   };
   StepStats train_step(const core::StepData& step);
   // A step whose loss or gradient norm is not finite: dropped without an update while

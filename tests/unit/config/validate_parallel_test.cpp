@@ -161,6 +161,14 @@ TEST(ValidateParallel, RoutingChoicesNeedExperts) {
             "job.yaml: training.moe_z_loss=0.001: this model has no experts to route to (remove it)");
   EXPECT_EQ(error_of(job({"training.moe_capacity_factor=2"}), kTiny, 1),
             "job.yaml: training.moe_capacity_factor=2: this model has no experts to route to (remove it)");
+  EXPECT_NO_THROW(
+      validate_parallel(job({"parallel.ep=2", "parallel.hot_expert_threshold=1.5"}), with_experts(8), 2));
+  EXPECT_EQ(
+      error_of(job({"parallel.hot_expert_threshold=1.5"}), with_experts(8), 2),
+      "job.yaml: parallel.hot_expert_threshold=1.5: only read with parallel.ep > 1 (remove it, or set ep)");
+  EXPECT_NE(error_of(job({"parallel.ep=2", "parallel.hot_expert_threshold=0.5"}), with_experts(8), 2)
+                .find("use 0 (off) or a value >= 1"),
+            std::string::npos);
 }
 
 TEST(ValidateParallel, TensorParallelLayoutsPass) {

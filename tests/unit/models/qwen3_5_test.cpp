@@ -386,8 +386,8 @@ TEST(Qwen35Model, RouterZLossIsEachLayersMeanSquaredLogsumexpSummed) {
   for (const at::Tensor& r : routers)
     expected += at::logsumexp(r.to(at::kDouble), -1).pow(2).mean().item<double>();
   EXPECT_NEAR(carry.get("aux_loss").item<double>(), 0.01 * expected, 1e-6 * expected);
-  const at::Tensor report = carry.get("expert_tokens");  // (layers, experts + 1)
-  ASSERT_EQ(report.sizes(), (std::vector<int64_t>{4, 5}));
+  const at::Tensor report = carry.get("expert_tokens");  // (layers, experts + 4)
+  ASSERT_EQ(report.sizes(), (std::vector<int64_t>{4, 8}));
   for (int64_t l = 0; l < 4; ++l) {
     const at::Tensor picks = at::one_hot(std::get<1>(at::softmax(routers[l], -1, at::kFloat).topk(2, -1)), 4)
                                  .sum({0, 1})

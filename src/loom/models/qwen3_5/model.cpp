@@ -128,8 +128,9 @@ class EmbedTokensLayer : public TextLayer {
 
 // Adds one layer's routing over the real tokens to the carry's counts (routing_counts), which the
 // norm turns into the load-balancing loss; with a z-loss, the sum of logsumexp(logits)^2 over them.
-// The step's report of the load, detached: row `layer` of a (layers, E + 1) table holds the picks
-// each expert got and, last, the picks dropped over capacity.
+// The step's report of the load, detached: row `layer` of a (layers, E + 4) table holds the picks
+// each expert got, the picks dropped over capacity, and under expert parallelism the rows of the most
+// loaded ep rank before and after hot-expert replication and the ranks' mean.
 void add_routing(core::Carry& carry, const RouterOutput& router, const at::Tensor& real, int64_t top_k,
                  bool actual_picks, bool z_loss, int64_t layer, int64_t layers) {
   const RoutingCounts counts =
@@ -150,9 +151,13 @@ void add_routing(core::Carry& carry, const RouterOutput& router, const at::Tenso
   const at::Tensor dropped = router.kept.defined()
                                  ? (router.kept.logical_not().to(at::kFloat) * real_rows).sum().unsqueeze(0)
                                  : at::zeros({1}, picks.options());
+  const parallel::ExchangeLoad& load = router.load;
+  const at::Tensor ranks = at::tensor({static_cast<float>(load.most_before), static_cast<float>(load.most),
+                                       static_cast<float>(load.mean)})
+                               .to(picks.device());
   at::Tensor report = carry.has("expert_report") ? carry.get("expert_report")
-                                                 : at::zeros({layers, experts + 1}, picks.options());
-  report[layer].add_(at::cat({picks, dropped}));
+                                                 : at::zeros({layers, experts + 4}, picks.options());
+  report[layer].add_(at::cat({picks, dropped, ranks}));
   carry.set("expert_report", report);
 }
 

@@ -24,7 +24,10 @@ at::Tensor Mlp::forward(const at::Tensor& x) const {
 }
 
 Experts::Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options)
-    : group_(options.tp), ep_(options.ep && options.ep->size() > 1 ? options.ep : nullptr), total_(experts) {
+    : group_(options.tp),
+      ep_(options.ep && options.ep->size() > 1 ? options.ep : nullptr),
+      replicate_above_(options.replicate_above),
+      total_(experts) {
   const int64_t ranks = ep_ ? ep_->size() : 1;
   if (experts % ranks != 0)
     throw ConfigError(
@@ -46,12 +49,14 @@ std::map<std::string, parallel::ShardLayout> Experts::layouts() const {
   return {{"gate_up_proj", layout}, {"down_proj", layout}};
 }
 
-at::Tensor Experts::forward(const at::Tensor& rows, const at::Tensor& ends) const {
-  const int64_t intermediate = down_proj.size(2);
-  const at::Tensor both = kernels::grouped_mm(rows, gate_up_proj, ends);
+at::Tensor Experts::compute(const at::Tensor& rows, const at::Tensor& ends,
+                            const std::vector<at::Tensor>& weights) {
+  const at::Tensor& gate_up = weights.at(0);
+  const at::Tensor& down = weights.at(1);
+  const int64_t intermediate = down.size(2);
+  const at::Tensor both = kernels::grouped_mm(rows, gate_up, ends);
   return kernels::grouped_mm(
-      at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate), down_proj,
-      ends);
+      at::silu(both.narrow(-1, 0, intermediate)) * both.narrow(-1, intermediate, intermediate), down, ends);
 }
 
 SparseMoeBlock::SparseMoeBlock(const TextConfig& c, const parallel::ParamOptions& options)
@@ -90,15 +95,15 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, RouterOutput* router) co
     kept = parallel::within_capacity(
         chosen, weights.detach(), experts->total(),
         parallel::expert_capacity(capacity_factor, x.size(0), top_k, experts->total()));
-  if (router) *router = {logits, chosen, kept};
+  if (router) *router = {logits, chosen, kept, {}};
   weights = (weights / weights.sum(-1, true)).to(x.scalar_type());
   // The tokens' picks as rows grouped by expert, every expert over its rows in one grouped
   // product (under expert parallelism on the rank holding it), each row weighted and added back at
   // its token.
   const parallel::ExpertDispatch dispatch = parallel::dispatch_by_expert(chosen, experts->total(), kept);
   const at::Tensor out = parallel::exchange_with_experts(
-      dispatch, parallel::dispatch_rows(dispatch, x), experts->ep(),
-      [this](const at::Tensor& rows, const at::Tensor& ends) { return experts->forward(rows, ends); });
+      dispatch, parallel::dispatch_rows(dispatch, x), experts->exchange(),
+      {experts->gate_up_proj, experts->down_proj}, &Experts::compute, router ? &router->load : nullptr);
   const at::Tensor routed = parallel::combine_rows(dispatch, out, weights);
   return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
 }

@@ -13,6 +13,7 @@
 
 #include "loom/models/qwen3_5/attention.h"
 #include "loom/models/qwen3_5/gated_deltanet.h"
+#include "loom/parallel/expert.h"
 #include "loom/parallel/tensor.h"
 
 namespace loom::models::qwen3_5 {
@@ -57,8 +58,12 @@ class Mlp : public torch::nn::Module {
 class Experts : public torch::nn::Module, public parallel::Sharded {
  public:
   Experts(int64_t experts, int64_t hidden, int64_t intermediate, const parallel::ParamOptions& options);
-  // rows (M, hidden) grouped by this rank's experts (parallel/expert.h: `ends`) -> (M, hidden).
-  at::Tensor forward(const at::Tensor& rows, const at::Tensor& ends) const;
+  // rows (M, hidden) grouped by expert (parallel/expert.h: `ends`), each group through the experts
+  // of the same index in `weights` ({gate_up_proj, down_proj}, these or with copies) -> (M, hidden).
+  static at::Tensor compute(const at::Tensor& rows, const at::Tensor& ends,
+                            const std::vector<at::Tensor>& weights);
+  // How the dispatched rows reach them (expert parallelism, hot-expert replication).
+  parallel::ExpertExchange exchange() const { return {ep(), replicate_above_}; }
   // Split over ep, or whole: every expert here (ep 1, or gathered whole for evaluation).
   std::map<std::string, parallel::ShardLayout> layouts() const override;
   // The group the experts are split over now; null when this rank holds them all.
@@ -69,6 +74,7 @@ class Experts : public torch::nn::Module, public parallel::Sharded {
  private:
   parallel::TensorParallelGroup group_;
   std::shared_ptr<dist::Comm> ep_;  // null: ep 1
+  double replicate_above_ = 0.0;
   int64_t total_ = 0;
 };
 
@@ -77,6 +83,7 @@ struct RouterOutput {
   at::Tensor logits;  // (T, E), the model's dtype
   at::Tensor chosen;  // (T, k) int64: each token's experts
   at::Tensor kept;    // (T, k) bool: the picks its experts computed (undefined: every pick, dropless)
+  parallel::ExchangeLoad load;  // under expert parallelism: the rows the ep ranks computed
 };
 
 // The sparse block: router (gate) softmax in fp32 over the experts, the top k renormalised to sum to
