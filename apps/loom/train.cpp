@@ -130,6 +130,31 @@ nlohmann::json bench_json(const train::BenchResult& r) {
                       {"ring_hidden_share", alone > 0 ? std::clamp(1.0 - wait / alone, 0.0, 1.0) : 0.0},
                       {"per_rank", ranks}};
   }
+  if (!r.experts.empty()) {
+    // The exchanges' hidden share (as the ring's), the grouped products' rate, the rows each ep rank
+    // computed, and the picks each expert got.
+    nlohmann::json ranks = nlohmann::json::array();
+    double wait = 0, alone = 0, flops = 0, compute = 0;
+    for (size_t i = 0; i < r.experts.size(); ++i) {
+      const auto& e = r.experts[i];
+      ranks.push_back({{"rank", i},
+                       {"rows", e.rows},
+                       {"grouped_mm_s", e.compute_s},
+                       {"grouped_mm_gflops", e.compute_s > 0 ? e.flops / e.compute_s / 1e9 : 0.0},
+                       {"exchange_mib", mib(e.bytes)},
+                       {"exchange_wait_s", e.wait_s},
+                       {"exchange_alone_s", e.alone_s}});
+      wait += e.wait_s;
+      alone += e.alone_s;
+      flops += e.flops;
+      compute += e.compute_s;
+    }
+    out["experts"] = {{"ep", r.experts.size()},
+                      {"exchange_hidden_share", alone > 0 ? std::clamp(1.0 - wait / alone, 0.0, 1.0) : 0.0},
+                      {"grouped_mm_gflops", compute > 0 ? flops / compute / 1e9 : 0.0},
+                      {"expert_tokens", r.expert_tokens},
+                      {"per_rank", ranks}};
+  }
   return out;
 }
 

@@ -60,4 +60,21 @@ assert "step 1" not in names, "the warm-up step was profiled"
 assert all(e["dur"] >= 0 for e in spans) and sum(e["dur"] for e in spans if e["name"] == "aten::mm") > 0
 print(f"profile: {len(spans)} spans, {len(names)} names; the timed steps' ranges and operators")
 PY
+# A mixture of experts at ep=2: every pick is computed once on some rank (dropless), so the ranks' rows
+# add up to the picks the experts got; the grouped products and the exchanges are timed.
+"$LOOM" run -n 2 -- "$LOOM" bench "$SRC/configs/shapes-qwen3_5-moe-tiny.yaml" --steps 1 --warmup 1 \
+  --set parallel.ep=2 --set training.micro_batch_size=4 --set training.global_batch_size=8 --set training.threads=1 \
+  > "$WORK/experts.log" 2>&1 || { cat "$WORK/experts.log"; fail "bench of a mixture of experts at ep=2"; }
+python3 - "$WORK/experts.log" <<'PY' || fail "the experts' bench figures"
+import json, sys
+line = next(l for l in open(sys.argv[1]) if l.startswith("[rank 0] {"))
+experts = json.loads(line[len("[rank 0] "):])["experts"]
+ranks = experts["per_rank"]
+assert experts["ep"] == 2 and len(ranks) == 2 and len(experts["expert_tokens"]) == 8, experts
+assert sum(r["rows"] for r in ranks) == sum(experts["expert_tokens"]) > 0, experts
+assert all(r["grouped_mm_s"] > 0 and r["exchange_mib"] > 0 and r["exchange_alone_s"] > 0 for r in ranks), ranks
+assert 0 <= experts["exchange_hidden_share"] <= 1 and experts["grouped_mm_gflops"] > 0, experts
+print(f"experts at ep=2: {sum(r['rows'] for r in ranks)} rows over the ranks, the experts' picks; "
+      f"grouped GEMM {experts['grouped_mm_gflops']:.1f} GFLOP/s")
+PY
 echo "bench: one JSON report per run, sensible fields, nothing written but the requested profile"

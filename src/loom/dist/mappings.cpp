@@ -208,6 +208,29 @@ at::Tensor all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
       });
 }
 
+StartedRows start_all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
+                             std::vector<int64_t> output_splits, std::vector<int64_t> input_splits) {
+  StartedRows started;
+  if (trivial(group)) {
+    started.rows = x;
+    return started;
+  }
+  started.rows = mapped(
+      "AllToAll", x,
+      [&](const at::Tensor& t) {
+        std::vector<int64_t> shape = t.sizes().vec();
+        shape[0] = 0;
+        for (int64_t rows : output_splits) shape[0] += std::max<int64_t>(rows, 0);
+        at::Tensor out = at::empty(shape, t.options());
+        started.work = group->start_all_to_all(t, out, output_splits, input_splits);
+        return out;
+      },
+      [group, output_splits, input_splits](const at::Tensor& g) {
+        return exchanged_rows(g, *group, input_splits, output_splits);
+      });
+  return started;
+}
+
 at::Tensor all_to_all_reshard(const at::Tensor& x, const std::shared_ptr<Comm>& group, int64_t scatter_dim,
                               int64_t gather_dim) {
   if (trivial(group)) return x;

@@ -48,6 +48,16 @@ at::Tensor reduce_scatter_to_sequence_region(const at::Tensor& x, const std::sha
 at::Tensor all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
                       std::vector<int64_t> output_splits, std::vector<int64_t> input_splits);
 
+// all_to_all, started: `rows` (differentiable as all_to_all's result, the backward exchange made
+// when backward reaches it) fills once `work` is waited on (null: nothing to wait for); read nothing
+// of it before. The caller computes what does not need the rows in between.
+struct StartedRows {
+  at::Tensor rows;
+  std::unique_ptr<PendingWork> work;
+};
+StartedRows start_all_to_all(const at::Tensor& x, const std::shared_ptr<Comm>& group,
+                             std::vector<int64_t> output_splits, std::vector<int64_t> input_splits);
+
 // Ulysses' exchange (DeepSpeed's _SeqAllToAll): x, whole along scatter_dim, is cut into size()
 // equal chunks along it, chunk j goes to rank j, and the chunks received are concatenated along
 // gather_dim in rank order. So a rank's shard of gather_dim becomes its shard of scatter_dim:

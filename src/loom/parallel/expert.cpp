@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <chrono>
 #include <cmath>
 #include <vector>
 
@@ -158,6 +159,25 @@ ExchangePlan plan_exchange(const at::Tensor& counts, int64_t ranks, double repli
   return p;
 }
 
+ExpertStats stats;
+
+double seconds_since(std::chrono::steady_clock::time_point begin) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
+}
+
+// The experts' computation, timed and its FLOPs counted (each row through one expert's matrix of
+// each weight).
+at::Tensor computed(const ExpertCompute& experts, const at::Tensor& rows, const at::Tensor& ends,
+                    const std::vector<at::Tensor>& weights) {
+  const auto begin = std::chrono::steady_clock::now();
+  at::Tensor out = experts(rows, ends, weights);
+  stats.compute_s += seconds_since(begin);
+  for (const at::Tensor& w : weights)
+    if (w.size(0) > 0) stats.flops += 2.0 * static_cast<double>(rows.size(0) * (w.numel() / w.size(0)));
+  stats.rows += rows.size(0);
+  return out;
+}
+
 at::Tensor inverse_of(const at::Tensor& order) {
   return at::empty_like(order).scatter_(0, order, at::arange(order.numel(), order.options()));
 }
@@ -166,9 +186,13 @@ at::Tensor inverse_of(const at::Tensor& order) {
 
 at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows,
                                  const ExpertExchange& exchange, const std::vector<at::Tensor>& weights,
-                                 const ExpertCompute& experts, ExchangeLoad* load) {
+                                 const ExpertCompute& experts, const std::function<void()>& in_flight,
+                                 ExchangeLoad* load) {
   const std::shared_ptr<dist::Comm>& ep = exchange.ep;
-  if (!ep || ep->size() == 1) return experts(rows, d.ends, weights);
+  if (!ep || ep->size() == 1) {
+    if (in_flight) in_flight();
+    return computed(experts, rows, d.ends, weights);
+  }
   const int64_t ranks = ep->size(), me = ep->rank(), local = d.experts / ranks;
   if (d.experts % ranks != 0)
     throw ModelError(fmt::format("expert parallelism: {} ranks do not split {} experts", ranks, d.experts));
@@ -204,7 +228,16 @@ at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows
         at::sort(dest_of_row, /*stable=*/std::optional<bool>(true), /*dim=*/0, /*descending=*/false));
     sent = rows.index_select(0, by_dest);
   }
-  const at::Tensor received = dist::all_to_all(sent, ep, receive_splits, send_splits);
+  // Started, then what does not need the rows (in_flight: the shared expert) runs before the wait.
+  dist::StartedRows started = dist::start_all_to_all(sent, ep, receive_splits, send_splits);
+  if (in_flight) in_flight();
+  auto begin = std::chrono::steady_clock::now();
+  if (started.work) started.work->wait();
+  stats.wait_s += seconds_since(begin);
+  const at::Tensor& received = started.rows;
+  stats.ep = ep;
+  stats.exchanges += 2;
+  stats.bytes += (sent.numel() + received.numel()) * sent.element_size();
   // The rows received, each source's in expert order, regrouped by the group computing them here
   // (stable: by source, then token order, within a group): this rank's experts, then its copies.
   const auto copies = plan.copies_to(me);
@@ -239,10 +272,38 @@ at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows
     for (at::Tensor& w : held)
       w = at::cat({w, dist::all_to_all(w.index_select(0, index), ep, receive_copies, send_copies)});
   }
-  const at::Tensor out = experts(received.index_select(0, order), ends, held);
+  const at::Tensor out = computed(experts, received.index_select(0, order), ends, held);
+  begin = std::chrono::steady_clock::now();
   const at::Tensor back =
       dist::all_to_all(out.index_select(0, inverse_of(order)), ep, send_splits, receive_splits);
+  stats.wait_s += seconds_since(begin);  // nothing to hide the combine behind
+  stats.bytes += (out.numel() + back.numel()) * out.element_size();
   return by_dest.defined() ? back.index_select(0, inverse_of(by_dest)) : back;
+}
+
+const ExpertStats& expert_stats() { return stats; }
+
+void reset_expert_stats() { stats = ExpertStats{}; }
+
+double time_expert_messages_alone() {
+  const std::shared_ptr<dist::Comm> ep = stats.ep.lock();
+  if (!ep || stats.exchanges == 0) return 0.0;
+  // Each exchange's mean bytes sent over the ranks, split evenly, as fp32 rows of 256 (every rank
+  // agrees on the size first).
+  const int64_t ranks = ep->size();
+  at::Tensor sizes =
+      at::tensor({static_cast<double>(stats.bytes), static_cast<double>(stats.exchanges)}, at::kDouble);
+  ep->all_reduce_sum({sizes});
+  const double bytes = sizes[0].item<double>() / 2.0 / sizes[1].item<double>();
+  const int64_t each =
+      std::max<int64_t>(1, static_cast<int64_t>(bytes / 4.0 / 256.0 / static_cast<double>(ranks)));
+  const at::Tensor sent = at::zeros({each * ranks, 256});
+  at::Tensor received = at::empty_like(sent);
+  const std::vector<int64_t> splits(static_cast<size_t>(ranks), each);
+  ep->barrier();
+  const auto begin = std::chrono::steady_clock::now();
+  for (int64_t i = 0; i < stats.exchanges; ++i) ep->all_to_all(sent, received, splits, splits);
+  return seconds_since(begin);
 }
 
 }  // namespace loom::parallel

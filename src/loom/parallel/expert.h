@@ -67,10 +67,30 @@ using ExpertCompute = std::function<at::Tensor(const at::Tensor& rows, const at:
 // expert (an all-to-all of unequal splits, whose sizes come from every rank's counts, gathered once),
 // the rows a rank receives are regrouped by its experts (then the copies it holds, whose weights come
 // from their owners), and the outputs go back the same way. Differentiable (a copy's gradient adds
-// to its owner's); every rank of `ep` calls it together. `load`, when given, receives the ranks'
-// rows.
+// to its owner's); every rank of `ep` calls it together. `in_flight` (when given) runs once, while
+// the rows travel to the experts (without ep: before the experts): the work that does not need
+// them, such as the shared expert. `load`, when given, receives the ranks' rows.
 at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows,
                                  const ExpertExchange& exchange, const std::vector<at::Tensor>& weights,
-                                 const ExpertCompute& experts, ExchangeLoad* load = nullptr);
+                                 const ExpertCompute& experts, const std::function<void()>& in_flight = {},
+                                 ExchangeLoad* load = nullptr);
+
+// Where this process's expert layers spent their time since the last reset (loom bench's figures).
+// The forward exchanges only: the backward's run inside autograd.
+struct ExpertStats {
+  double compute_s = 0;  // the experts' grouped products
+  double flops = 0;      // theirs
+  int64_t rows = 0;      // the rows this rank's experts (and copies) computed
+  double wait_s = 0;     // blocked on the exchanges (for the dispatch, after in_flight's work)
+  int64_t bytes = 0;     // sent and received
+  int64_t exchanges = 0;
+  std::weak_ptr<dist::Comm> ep;  // the group the rows went over (not kept alive by this)
+};
+const ExpertStats& expert_stats();
+void reset_expert_stats();
+// The same number of exchanges, of the mean size split evenly, over the same group with nothing to
+// hide behind (every rank of the group calls it alike): the seconds the communication takes alone,
+// the denominator of the hidden share. 0 without exchanges.
+double time_expert_messages_alone();
 
 }  // namespace loom::parallel

@@ -10,6 +10,7 @@
 #include "loom/core/device.h"
 #include "loom/memory/counting_allocator.h"
 #include "loom/parallel/context/ring.h"
+#include "loom/parallel/expert.h"
 #include "loom/train/flops.h"
 #include "loom/train/profile.h"
 #include "loom/train/schedule.h"
@@ -39,6 +40,7 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
   double tokens = 0, samples = 0, flops = 0;
   BenchResult::PipelineRank mine;  // this rank's share of the pipeline figures
   std::optional<Profile> recording;
+  parallel::reset_expert_stats();
   for (int64_t i = 0; i < warmup + steps; ++i) {
     if (i == warmup && !profile.empty()) recording.emplace(profile, device);
     const std::string step_name = fmt::format("step {}", i + 1);
@@ -57,7 +59,10 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
     }
     core::synchronize(device);  // a GPU's queued work belongs to this step's time
     const double optimizer_s = seconds_since(optimizer_begin), seconds = seconds_since(begin);
-    if (i + 1 == warmup) parallel::reset_ring_stats();
+    if (i + 1 == warmup) {
+      parallel::reset_ring_stats();
+      parallel::reset_expert_stats();
+    }
     if (i < warmup) continue;
     if (counter) r.peak_allocated_bytes = std::max(r.peak_allocated_bytes, counter->peak_bytes());
     r.activation_bytes = std::max(r.activation_bytes, stats.activation_bytes);
@@ -75,6 +80,10 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
     tokens += static_cast<double>(stats.tokens);
     samples += static_cast<double>(stats.samples);
     flops += stats.flops;
+    if (!stats.expert_tokens.empty()) {
+      r.expert_tokens.resize(stats.expert_tokens.size(), 0.0);
+      for (size_t e = 0; e < stats.expert_tokens.size(); ++e) r.expert_tokens[e] += stats.expert_tokens[e];
+    }
   }
   if (recording) recording->finish();
   std::sort(step_times.begin(), step_times.end());
@@ -110,6 +119,24 @@ BenchResult Trainer::bench(int64_t warmup, int64_t steps, const std::string& pro
                            rows[i][2].item<double>(), rows[i][3].item<double>(),
                            static_cast<int64_t>(rows[i][4].item<double>())});
     r.cp_ulysses = job_.parallel.cp_ulysses;
+  }
+  if (parts_.model->experts() > 0) {
+    const parallel::ExpertStats expert = parallel::expert_stats();
+    const double alone = parallel::time_expert_messages_alone();
+    const std::shared_ptr<dist::Comm> ep = plan_.state->ep();
+    const int64_t ranks = ep ? ep->size() : 1, me = ep ? ep->rank() : 0;
+    at::Tensor rows = at::zeros({ranks, 6}, at::kDouble);
+    rows[me][0] = static_cast<double>(expert.rows);
+    rows[me][1] = static_cast<double>(expert.bytes);
+    rows[me][2] = expert.compute_s;
+    rows[me][3] = expert.flops;
+    rows[me][4] = expert.wait_s;
+    rows[me][5] = alone;
+    if (ep) ep->all_reduce_sum({rows});
+    for (int64_t i = 0; i < ranks; ++i)
+      r.experts.push_back({static_cast<int64_t>(rows[i][0].item<double>()),
+                           static_cast<int64_t>(rows[i][1].item<double>()), rows[i][2].item<double>(),
+                           rows[i][3].item<double>(), rows[i][4].item<double>(), rows[i][5].item<double>()});
   }
   const core::DeviceMemory memory = core::device_memory(device);
   r.device_peak_allocated_bytes = memory.peak_allocated;

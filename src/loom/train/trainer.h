@@ -62,6 +62,17 @@ struct BenchResult {
   };
   std::vector<ContextRank> context;
   int64_t cp_ulysses = 1;
+  // A mixture of experts, each ep rank's timed steps (from every rank of the group; one rank without
+  // ep): the rows its experts computed, their grouped products' seconds and FLOPs, the forward
+  // exchanges' bytes and the seconds blocked on them (the dispatch after the shared expert's work),
+  // and the seconds the same exchanges take alone (this rank's), so the hidden share is 1 - wait /
+  // alone; and the picks each expert got over the timed steps (every layer and rank).
+  struct ExpertRank {
+    int64_t rows = 0, bytes = 0;
+    double compute_s = 0, flops = 0, wait_s = 0, alone_s = 0;
+  };
+  std::vector<ExpertRank> experts;
+  std::vector<double> expert_tokens;
   int64_t micro_batches = 0, virtual_stages = 1;  // per step on this rank; model chunks per pipeline rank
 };
 

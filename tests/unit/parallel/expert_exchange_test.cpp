@@ -52,7 +52,7 @@ Exchanged exchange(const std::shared_ptr<dist::Comm>& comm, double replicate_abo
         EXPECT_EQ(group.size(0), rows.size(0));
         return rows * weights.at(0).index_select(0, group);
       },
-      &run.load);
+      {}, &run.load);
   run.y = combine_rows(d, out, at::tensor({0.25F, 0.75F}).repeat({tokens, 1}));
   run.y.sum().backward();
   return run;

@@ -101,11 +101,15 @@ at::Tensor SparseMoeBlock::forward(const at::Tensor& x, RouterOutput* router) co
   // product (under expert parallelism on the rank holding it), each row weighted and added back at
   // its token.
   const parallel::ExpertDispatch dispatch = parallel::dispatch_by_expert(chosen, experts->total(), kept);
+  // The shared expert needs no routing: it computes while the rows travel to the experts.
+  at::Tensor shared;
   const at::Tensor out = parallel::exchange_with_experts(
       dispatch, parallel::dispatch_rows(dispatch, x), experts->exchange(),
-      {experts->gate_up_proj, experts->down_proj}, &Experts::compute, router ? &router->load : nullptr);
+      {experts->gate_up_proj, experts->down_proj}, &Experts::compute,
+      [&] { shared = at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x); },
+      router ? &router->load : nullptr);
   const at::Tensor routed = parallel::combine_rows(dispatch, out, weights);
-  return routed + at::sigmoid(at::linear(x, shared_expert_gate->weight)) * shared_expert->forward(x);
+  return routed + shared;
 }
 
 void SparseMoeBlock::update_expert_bias(const at::Tensor& picks) {
