@@ -11,7 +11,8 @@
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
 #   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2, also with
-#   ZeRO-1; ep=2 x cp=2; ep=2 x tp=2 with SP; ep=4 with hot-expert replication, which lowers the most
+#   ZeRO-1; ep=2 x cp=2; ep=2 x tp=2 with SP, also with ZeRO-1 (its checkpoint resuming in one
+#   process); ep=2 x tp=2 x pp=2 on 8 ranks; ep=4 with hot-expert replication, which lowers the most
 #   loaded ep rank's rows over the mean),
 #   loaded from transformers'
 #   save_pretrained (the experts one by one), each step's expert_load (the experts' load) the same in
@@ -157,7 +158,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep4hot ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep4hot ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp ep2tp2spzero1 ep2tp2pp2"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -189,7 +190,13 @@ for variant in dense moe; do
       ep2cp2) extra=(--set parallel.ep=2 --set parallel.cp=2);;
       # Beside tensor parallelism with SP: each tp rank routes its chunk of the tokens to the ep peers of
       # its own tp rank, the experts' gradients summed over tp and over ep's data ranks.
-      ep2tp2sp) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;; esac
+      ep2tp2sp) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true); ranks=4;;
+      # ... with ZeRO-1 (each group's state over its own ranks, of the tensor-parallel slices), and beside
+      # tp and pp together (8 ranks: the norm sums the slices over tp, the experts over ep, then the stages).
+      ep2tp2spzero1) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.sequence_parallel=true
+                            --set parallel.zero=1 --set training.save_every=10); ranks=4;;
+      ep2tp2pp2) extra=(--set parallel.ep=2 --set parallel.tp=2 --set parallel.pp=2
+                        --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"); ranks=8;; esac
     "$LOOM" run -n $ranks -- "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-$layout" \
       "${extra[@]}" > "$WORK/$variant-$layout.log" 2>&1 || { cat "$WORK/$variant-$layout.log"; fail "$variant $layout"; }
     # An expert-parallel run splits the experts: rank 0 holds 1/ep of them.
@@ -236,8 +243,9 @@ done
 # process's within 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of
 # step 10 resumes in one process and at ep=2, and the ep=2 x ZeRO-1 one (its optimizer state in two
 # groups) at ep=4 with ZeRO-1, each with one process's losses of steps 11 to 20.
-for resumed in ep1 ep2 ep4zero1; do
+for resumed in ep1 ep2 ep4zero1 tp1; do
   from=moe-ep4 && [ $resumed = ep4zero1 ] && from=moe-ep2dp4zero1
+  [ $resumed = tp1 ] && from=moe-ep2tp2spzero1
   mkdir -p "$WORK/moe-resumed-$resumed" && cp -r "$WORK/$from/step-00000010" "$WORK/moe-resumed-$resumed/"
   run=("$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/moe-resumed-$resumed")
   case $resumed in
@@ -262,12 +270,12 @@ for layout in ("ep2", "ep4", "ep4hot", "ep2dp4zero1", "ep2pp2"):
     print(f"qwen3.5 moe {layout}: step-20 weights within {worst:.2e} of one process's (every tensor, whole)")
     assert worst <= 1e-5, (layout, worst)
 reference = steps(f"{work}/moe-one/metrics.jsonl")
-for resumed in ("ep1", "ep2", "ep4zero1"):
+for resumed in ("ep1", "ep2", "ep4zero1", "tp1"):
     run = steps(f"{work}/moe-resumed-{resumed}/metrics.jsonl")
     assert sorted(run) == list(range(11, 21)), (resumed, sorted(run))
     worst = max(abs(run[s]["loss"] - reference[s]["loss"]) / reference[s]["loss"] for s in run)
-    origin = "ep=2 x ZeRO-1" if resumed == "ep4zero1" else "ep=4"
-    target = {"ep1": "ep=1", "ep2": "ep=2", "ep4zero1": "ep=4 with ZeRO-1"}[resumed]
+    origin = {"ep4zero1": "ep=2 x ZeRO-1", "tp1": "ep=2 x tp=2 (SP) x ZeRO-1"}.get(resumed, "ep=4")
+    target = {"ep1": "ep=1", "ep2": "ep=2", "ep4zero1": "ep=4 with ZeRO-1", "tp1": "one process"}[resumed]
     print(f"qwen3.5 moe: the {origin} checkpoint of step 10 resumed at {target}: "
           f"step 11 loss {run[11]['loss']:.8f} (one process {reference[11]['loss']:.8f}), "
           f"steps 11-20 within {worst:.2e}")

@@ -138,12 +138,6 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
         fmt::format("parallel.ep={} with parallel.zero=3: expert parallelism does not run under FSDP in this "
                     "version of Loom (zero 0 or 1)",
                     p.ep));
-  if (p.ep > 1 && p.tp > 1 && (p.zero != 0 || p.pp > 1))
-    fail(fmt::format(
-        "parallel.ep={} with parallel.tp={} and {}: expert parallelism beside tensor parallelism "
-        "runs with zero 0 and pp 1 in this version of Loom",
-        p.ep, p.tp,
-        p.zero != 0 ? fmt::format("parallel.zero={}", p.zero) : fmt::format("parallel.pp={}", p.pp)));
 
   int64_t dp = 0;
   try {

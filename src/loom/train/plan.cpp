@@ -352,7 +352,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
           std::make_shared<ShardedAdamW>(state->group({dist::Axis::edp}), expert_params, adamw));
       sharded.back()->set_tensor_parallel(ep, std::move(expert_share));
       std::vector<GroupedOptimizer::Part> parts;
-      parts.push_back({std::make_unique<ShardedOptimizer>(sharded[0], nullptr), std::move(data_names)});
+      parts.push_back({std::make_unique<ShardedOptimizer>(sharded[0], tp_layouts), std::move(data_names)});
       parts.push_back({std::make_unique<ShardedOptimizer>(sharded[1], tp_layouts), std::move(expert_names)});
       plan.optimizer = std::make_unique<GroupedOptimizer>(std::move(parts));
       bytes.optimizer = sharded[0]->state_bytes() + sharded[1]->state_bytes();
