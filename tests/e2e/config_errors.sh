@@ -28,8 +28,8 @@ expect_error "parallel.vision_tp=2: Qwen3.5's vision tower is whole" --job "$SRC
 expect_error "parallel.ep=2: this model has no experts" --set parallel.ep=2
 expect_error "parallel.ep=3 does not divide the model's 8 experts" --job "$SRC/configs/shapes-qwen3_5-moe-tiny.yaml" \
   --set parallel.ep=3
-expect_error "parallel.ep=2 with parallel.zero=3: expert parallelism does not run under FSDP" \
-  --job "$SRC/configs/shapes-qwen3_5-moe-tiny.yaml" --set parallel.ep=2 --set parallel.zero=3
+expect_error "parallel.ep=2 with parallel.zero=3 and parallel.pp=2: expert parallelism under FSDP runs beside data" \
+  --job "$SRC/configs/shapes-qwen3_5-moe-tiny.yaml" --set parallel.ep=2 --set parallel.zero=3 --set parallel.pp=2
 # A CUDA job on a build whose libtorch has no CUDA: one line, before anything is built.
 # (ldd's listing read whole first: grep -q stops early, and under pipefail ldd's broken pipe would
 # read as "no libtorch_cuda".)

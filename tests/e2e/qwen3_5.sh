@@ -11,7 +11,7 @@
 #   ranks' tokens) under dp=2, pp=2, tp=2 (with and without SP), cp=2, cp=4, cp=2 x tp=2 with SP,
 #   and expert parallelism over 2 and 4 ranks (8 experts, 2 a token; and ep=2 over 4 data ranks,
 #   each expert's gradient summed over the 2 holding it, also under ZeRO-1; ep=2 x pp=2, also with
-#   ZeRO-1; ep=2 x cp=2; ep=2 x tp=2 with SP, also with ZeRO-1 (its checkpoint resuming in one
+#   ZeRO-1, and under FSDP (its checkpoint resuming in one process); ep=2 x cp=2; ep=2 x tp=2 with SP, also with ZeRO-1 (its checkpoint resuming in one
 #   process); ep=2 x tp=2 x pp=2 on 8 ranks; ep=4 with hot-expert replication, which lowers the most
 #   loaded ep rank's rows over the mean),
 #   loaded from transformers'
@@ -158,7 +158,7 @@ for variant in dense moe; do
   "$LOOM" train "$WORK/$variant.yaml" --set training.output_dir="$WORK/$variant-one" \
     --set training.save_every=$( [ $variant = dense ] && echo 20 || echo 10 ) > "$WORK/$variant-one.log" 2>&1 ||
     { cat "$WORK/$variant-one.log"; fail "$variant one process"; }
-  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep4hot ep2dp4 ep2dp4zero1 ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp ep2tp2spzero1 ep2tp2pp2"
+  layouts="dp2 pp2 tp2 tp2sp cp2 cp4 cp2tp2sp ep2 ep4 ep4hot ep2dp4 ep2dp4zero1 ep2dp4fsdp ep2pp2 ep2pp2zero1 ep2cp2 ep2tp2sp ep2tp2spzero1 ep2tp2pp2"
   [ $variant = dense ] && layouts="dp2 zero1 fsdp pp2 tp2 tp2sp cp2 cp4"
   for layout in $layouts; do
     ranks=2
@@ -180,6 +180,9 @@ for variant in dense moe; do
       # ZeRO-1 over each gradient group: the experts' state over their 2 expert-data ranks.
       ep2dp4zero1) extra=(--set parallel.ep=2 --set parallel.zero=1 --set training.micro_batch_size=1
                           --set training.save_every=10); ranks=4;;
+      # FSDP over each gradient group: the experts' units over their 2 expert-data ranks.
+      ep2dp4fsdp) extra=(--set parallel.ep=2 --set parallel.zero=3 --set training.micro_batch_size=1
+                         --set training.save_every=10); ranks=4;;
       # Beside pipeline parallelism (each stage's experts split over its 2 data ranks) and context
       # parallelism (the ep ranks carved from the cp ranks of one sample).
       ep2pp2) extra=(--set parallel.ep=2 --set parallel.pp=2 --set "model.pipeline_layers={visual: [2, 0], llm: [1, 3]}"
@@ -243,9 +246,10 @@ done
 # process's within 1e-5 (each expert whole, under the same names and shapes); the ep=4 checkpoint of
 # step 10 resumes in one process and at ep=2, and the ep=2 x ZeRO-1 one (its optimizer state in two
 # groups) at ep=4 with ZeRO-1, each with one process's losses of steps 11 to 20.
-for resumed in ep1 ep2 ep4zero1 tp1; do
+for resumed in ep1 ep2 ep4zero1 tp1 fsdp1; do
   from=moe-ep4 && [ $resumed = ep4zero1 ] && from=moe-ep2dp4zero1
   [ $resumed = tp1 ] && from=moe-ep2tp2spzero1
+  [ $resumed = fsdp1 ] && from=moe-ep2dp4fsdp
   mkdir -p "$WORK/moe-resumed-$resumed" && cp -r "$WORK/$from/step-00000010" "$WORK/moe-resumed-$resumed/"
   run=("$LOOM" train "$WORK/moe.yaml" --set training.output_dir="$WORK/moe-resumed-$resumed")
   case $resumed in
@@ -262,7 +266,7 @@ work = sys.argv[1]
 sys.path.insert(0, sys.argv[2])
 from runs import steps, tensors
 one = tensors(f"{work}/moe-one/step-00000020/model.safetensors")
-for layout in ("ep2", "ep4", "ep4hot", "ep2dp4zero1", "ep2pp2"):
+for layout in ("ep2", "ep4", "ep4hot", "ep2dp4zero1", "ep2dp4fsdp", "ep2pp2"):
     theirs = tensors(f"{work}/moe-{layout}/step-00000020/model.safetensors")
     assert sorted(theirs) == sorted(one) and all(len(theirs[k]) == len(one[k]) for k in one), layout
     worst = max(max(abs(a - b) for a, b in zip(one[k], theirs[k])) / max(1.0, max(abs(a) for a in one[k]))
@@ -270,13 +274,14 @@ for layout in ("ep2", "ep4", "ep4hot", "ep2dp4zero1", "ep2pp2"):
     print(f"qwen3.5 moe {layout}: step-20 weights within {worst:.2e} of one process's (every tensor, whole)")
     assert worst <= 1e-5, (layout, worst)
 reference = steps(f"{work}/moe-one/metrics.jsonl")
-for resumed in ("ep1", "ep2", "ep4zero1", "tp1"):
+for resumed in ("ep1", "ep2", "ep4zero1", "tp1", "fsdp1"):
     run = steps(f"{work}/moe-resumed-{resumed}/metrics.jsonl")
     assert sorted(run) == list(range(11, 21)), (resumed, sorted(run))
     worst = max(abs(run[s]["loss"] - reference[s]["loss"]) / reference[s]["loss"] for s in run)
-    origin = {"ep4zero1": "ep=2 x ZeRO-1", "tp1": "ep=2 x tp=2 (SP) x ZeRO-1"}.get(resumed, "ep=4")
-    target = {"ep1": "ep=1", "ep2": "ep=2", "ep4zero1": "ep=4 with ZeRO-1", "tp1": "one process"}[resumed]
-    print(f"qwen3.5 moe: the {origin} checkpoint of step 10 resumed at {target}: "
+    origin = {"ep4zero1": "ep=2 x ZeRO-1", "tp1": "ep=2 x tp=2 (SP) x ZeRO-1",
+              "fsdp1": "ep=2 x FSDP"}.get(resumed, "ep=4")
+    target = {"ep1": "at ep=1", "ep2": "at ep=2", "ep4zero1": "at ep=4 with ZeRO-1"}.get(resumed, "in one process")
+    print(f"qwen3.5 moe: the {origin} checkpoint of step 10 resumed {target}: "
           f"step 11 loss {run[11]['loss']:.8f} (one process {reference[11]['loss']:.8f}), "
           f"steps 11-20 within {worst:.2e}")
     assert worst <= 1e-5, (resumed, worst)

@@ -133,11 +133,14 @@ void validate_parallel(const JobConfig& config, const ModelDims& dims, int64_t w
       fail(fmt::format("training.{}={}: this model has no experts to route to (remove it)", key, value));
 
   // What this build cannot run yet is refused rather than ignored.
-  if (p.ep > 1 && p.zero == 3)
+  if (p.ep > 1 && p.zero == 3 && (p.tp > 1 || p.pp > 1 || p.cp > 1))
     fail(
-        fmt::format("parallel.ep={} with parallel.zero=3: expert parallelism does not run under FSDP in this "
-                    "version of Loom (zero 0 or 1)",
-                    p.ep));
+        fmt::format("parallel.ep={} with parallel.zero=3 and parallel.{}: expert parallelism under FSDP runs "
+                    "beside data parallelism only in this version of Loom",
+                    p.ep,
+                    p.tp > 1   ? fmt::format("tp={}", p.tp)
+                    : p.pp > 1 ? fmt::format("pp={}", p.pp)
+                               : fmt::format("cp={}", p.cp)));
 
   int64_t dp = 0;
   try {

@@ -83,7 +83,7 @@ void ComposedSync::release_parameters() {
 }
 
 void ComposedSync::reshard_from_parameters() {
-  for (const auto& part : parts_) part->reshard();
+  for (auto it = parts_.rbegin(); it != parts_.rend(); ++it) (*it)->reshard();
 }
 
 std::vector<std::pair<std::string, at::Tensor>> ComposedSync::whole_gradients() const {
@@ -311,9 +311,13 @@ void ExpertSlices::release() {
 }
 
 void ExpertSlices::reshard() {
+  // Each slice back in its parameter, for the parts before this one (FSDP) to reshard from.
   at::NoGradGuard no_grad;
   for (Expert& e : experts_)
-    if (e.local.defined()) e.local.copy_(e.layout.slice(e.param.data()));
+    if (e.local.defined()) {
+      e.local.copy_(e.layout.slice(e.param.data()));
+      e.param.set_data(e.local);
+    }
 }
 
 }  // namespace loom::train

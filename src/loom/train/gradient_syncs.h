@@ -2,8 +2,8 @@
 // share of a step: the bucketed all-reduce over each gradient group, ZeRO-1's reduce-scatters, FSDP's
 // gathers and reduce-scatters, tensor parallelism's partial and replicated-slice sums, a pipeline's
 // shared-parameter sums, expert slices made whole. apply_parallelism picks the parts a layout needs,
-// in the order their work must come; ComposedSync calls every part's hook in that order (releases in
-// the reverse one). A mode added later is one part more, not a branch in each hook.
+// in the order their work must come; ComposedSync calls every part's hook in that order (releases and
+// reshards in the reverse one). A mode added later is one part more, not a branch in each hook.
 //
 // The global gradient norm sums over the parts that hold gradients: ZeRO-1's and FSDP's sharded
 // optimizers, or WholeGradientNorm over whole (or tensor- and expert-sliced) gradients.
@@ -64,7 +64,8 @@ class SyncPart {
   }
 };
 
-// The parts in order: passes pair if any part asks, the hooks run in order (release in reverse),
+// The parts in order: passes pair if any part asks, the hooks run in order (release and reshard in
+// reverse: a part undoes its gathering before the parts it gathered after),
 // the clip sums the parts' squares.
 class ComposedSync : public GradientSync {
  public:

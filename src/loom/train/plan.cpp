@@ -301,7 +301,7 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
     adamw.split_master = true;
   }
   std::string layout;
-  std::shared_ptr<parallel::FullyShardedModel> fsdp;
+  std::shared_ptr<parallel::FullyShardedModel> fsdp, expert_fsdp;  // expert_fsdp: the experts' under ep
   std::vector<std::shared_ptr<ShardedAdamW>> sharded;  // ZeRO-1's, one per gradient group; or FSDP's
   std::shared_ptr<AllReduceGradients> all_reduce;
   if (data && p.zero == 3) {
@@ -321,13 +321,43 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
       if ((p.fsdp_plan.empty() ? layers[i]->block() : planned[i]) &&
           std::find(held.begin(), held.end(), layers[i]) != held.end())
         units.push_back(layers[i]->name());
+    // Under expert parallelism the experts' units are sharded over the expert-data group, the
+    // others' over the data group: two FSDP engines, each a runner over the same layers.
+    if (ep) {
+      named.clear();
+      for (const auto& param : data_params) named.emplace_back(param.name, param.param);
+    }
     fsdp = std::make_shared<parallel::FullyShardedModel>(data, named, held, units);
     runners.push_back(fsdp);
     sharded.push_back(std::make_shared<ShardedAdamW>(data, fsdp->shards(), adamw));
-    plan.optimizer = std::make_unique<ShardedOptimizer>(sharded.front(), tp_layouts);
-    bytes.parameters = fsdp->shard_parameter_bytes();  // the fp32 slices are the parameters
-    bytes.gradients = fsdp->shard_gradient_bytes();
-    bytes.optimizer = sharded.front()->state_bytes() - bytes.parameters;
+    if (ep) {
+      std::vector<std::pair<std::string, at::Tensor>> experts;
+      std::map<std::string, double> expert_share;
+      std::set<std::string> data_names, expert_names;
+      for (const auto& param : data_params) data_names.insert(param.name);
+      for (const auto& param : expert_params) {
+        experts.emplace_back(param.name, param.param);
+        expert_share.emplace(param.name, 1.0);
+        expert_names.insert(param.name);
+      }
+      expert_fsdp = std::make_shared<parallel::FullyShardedModel>(state->group({dist::Axis::edp}), experts,
+                                                                  held, units);
+      runners.push_back(expert_fsdp);
+      sharded.push_back(
+          std::make_shared<ShardedAdamW>(state->group({dist::Axis::edp}), expert_fsdp->shards(), adamw));
+      sharded.back()->set_tensor_parallel(ep, std::move(expert_share));
+      std::vector<GroupedOptimizer::Part> parts;
+      parts.push_back({std::make_unique<ShardedOptimizer>(sharded[0], tp_layouts), std::move(data_names)});
+      parts.push_back({std::make_unique<ShardedOptimizer>(sharded[1], tp_layouts), std::move(expert_names)});
+      plan.optimizer = std::make_unique<GroupedOptimizer>(std::move(parts));
+    } else {
+      plan.optimizer = std::make_unique<ShardedOptimizer>(sharded.front(), tp_layouts);
+    }
+    bytes.parameters =
+        fsdp->shard_parameter_bytes() + (expert_fsdp ? expert_fsdp->shard_parameter_bytes() : 0);
+    bytes.gradients = fsdp->shard_gradient_bytes() + (expert_fsdp ? expert_fsdp->shard_gradient_bytes() : 0);
+    bytes.optimizer = -bytes.parameters;
+    for (const auto& group : sharded) bytes.optimizer += group->state_bytes();
     const auto unit_names = fsdp->unit_names();
     layout = fmt::format(
         " (FSDP: 1/{} of every trainable parameter, gradient and moment, in the root unit and {} block "
@@ -438,6 +468,8 @@ AppliedPlan apply_parallelism(core::Model& model, const std::vector<NamedParam>&
   auto sync = std::make_unique<ComposedSync>(data, layouts, trainable, names);
   if (all_reduce) sync->add(all_reduce);
   if (fsdp) sync->add(std::make_shared<FsdpGradients>(fsdp, sharded.front(), placement, bytes.total()));
+  if (expert_fsdp)
+    sync->add(std::make_shared<FsdpGradients>(expert_fsdp, sharded.back(), nullptr, bytes.total()));
   if (tp_size > 1 && (!partial_names.empty() || !replicated_layouts.empty()))
     sync->add(
         std::make_shared<TensorParallelSums>(tp, partial_names, replicated_layouts, trainable, names, fsdp));

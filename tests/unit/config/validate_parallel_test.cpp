@@ -139,10 +139,11 @@ TEST(ValidateParallel, ExpertParallelLayouts) {
       "job.yaml: parallel.ep=2: this model has no experts to split over expert-parallel ranks (use ep 1)");
   EXPECT_EQ(error_of(job({"parallel.ep=3"}), with_experts(8), 3),
             "job.yaml: parallel.ep=3 does not divide the model's 8 experts");
+  EXPECT_NO_THROW(validate_parallel(job({"parallel.ep=2", "parallel.zero=3"}), with_experts(8), 4));
   EXPECT_EQ(
-      error_of(job({"parallel.ep=2", "parallel.zero=3"}), with_experts(8), 4),
-      "job.yaml: parallel.ep=2 with parallel.zero=3: expert parallelism does not run under FSDP in this "
-      "version of Loom (zero 0 or 1)");
+      error_of(job({"parallel.ep=2", "parallel.zero=3", "parallel.tp=2"}), with_experts(8), 8),
+      "job.yaml: parallel.ep=2 with parallel.zero=3 and parallel.tp=2: expert parallelism under FSDP runs "
+      "beside data parallelism only in this version of Loom");
   EXPECT_NO_THROW(
       validate_parallel(job({"parallel.ep=2", "parallel.tp=2", "parallel.zero=1"}), with_experts(8), 8));
   EXPECT_NO_THROW(
@@ -206,11 +207,14 @@ TEST(ValidateParallel, UnbuiltParallelismIsRefused) {
   EXPECT_NO_THROW(
       validate_parallel(job({"parallel.pp=2", "parallel.zero=3", "training.micro_batch_size=4"}), kTiny, 4));
   EXPECT_NO_THROW(validate_parallel(job({"parallel.cp=2", "parallel.pp=2"}), kTiny, 4));
-  // Expert parallelism under FSDP is not built yet.
+  // Expert parallelism under FSDP: beside data parallelism only.
+  EXPECT_NE(error_of(job({"parallel.ep=2", "parallel.zero=3", "parallel.cp=2"}), with_experts(8), 4)
+                .find("parallel.ep=2 with parallel.zero=3 and parallel.cp=2: expert parallelism under FSDP"),
+            std::string::npos);
   EXPECT_EQ(
-      error_of(job({"parallel.ep=2", "parallel.zero=3"}), with_experts(8), 4),
-      "job.yaml: parallel.ep=2 with parallel.zero=3: expert parallelism does not run under FSDP in this "
-      "version of Loom (zero 0 or 1)");
+      error_of(job({"parallel.ep=2", "parallel.zero=3", "parallel.pp=2"}), with_experts(8), 4),
+      "job.yaml: parallel.ep=2 with parallel.zero=3 and parallel.pp=2: expert parallelism under FSDP runs "
+      "beside data parallelism only in this version of Loom");
 }
 
 // Context parallelism: any cp that divides the world; Ulysses groups that divide cp and split the

@@ -1,4 +1,4 @@
-// The composed gradient sync calls its parts' hooks in order (releases in reverse), and its clip
+// The composed gradient sync calls its parts' hooks in order (releases and reshards in reverse), and its clip
 // scales every part's gradients by one norm, the root of the parts' summed squares; gradient_square
 // weights and groups each parameter's squares as its NormShare says.
 #include "loom/train/gradient_syncs.h"
@@ -40,7 +40,7 @@ class Recorder : public SyncPart {
   double square_;
 };
 
-TEST(ComposedSync, HooksRunInThePartsOrderAndReleaseInReverse) {
+TEST(ComposedSync, HooksRunInThePartsOrderAndReleaseAndReshardInReverse) {
   std::vector<std::string> log;
   ComposedSync sync(nullptr, {}, {}, {});
   sync.add(std::make_shared<Recorder>("a", log, 9.0));
@@ -57,7 +57,7 @@ TEST(ComposedSync, HooksRunInThePartsOrderAndReleaseInReverse) {
   const std::vector<std::string> expected{
       "begin a",   "begin b",   "begin c",  "backward a last", "backward b last", "backward c last",
       "end a",     "end b",     "end c",    "clip a " + norm,  "clip b " + norm,  "clip c " + norm,
-      "gather a",  "gather b",  "gather c", "reshard a",       "reshard b",       "reshard c",
+      "gather a",  "gather b",  "gather c", "reshard c",       "reshard b",       "reshard a",
       "release c", "release b", "release a"};
   EXPECT_EQ(log, expected);
 }
