@@ -2,12 +2,12 @@
 
 #include <fmt/format.h>
 
-#include <chrono>
 #include <cmath>
 #include <vector>
 
 #include "loom/dist/mappings.h"
 #include "loom/util/errors.h"
+#include "loom/util/timer.h"
 
 namespace loom::parallel {
 
@@ -108,13 +108,14 @@ ExchangePlan plan_exchange(const at::Tensor& counts, int64_t ranks, double repli
   p.ranks = ranks;
   const int64_t experts = counts.size(1);
   p.local = experts / ranks;
-  const at::Tensor c = counts.to(at::kLong).contiguous();
+  const at::Tensor c = counts.to(at::kLong).contiguous();  // on the host
+  const int64_t* rows = c.data_ptr<int64_t>();
   p.counts.assign(ranks, std::vector<int64_t>(experts));
   p.dest.assign(ranks, std::vector<int64_t>(experts));
   p.load.assign(ranks, 0);
   for (int64_t s = 0; s < ranks; ++s)
     for (int64_t e = 0; e < experts; ++e) {
-      p.counts[s][e] = c[s][e].item<int64_t>();
+      p.counts[s][e] = rows[s * experts + e];
       p.dest[s][e] = p.owner(e);
       p.load[p.owner(e)] += p.counts[s][e];
     }
@@ -161,15 +162,11 @@ ExchangePlan plan_exchange(const at::Tensor& counts, int64_t ranks, double repli
 
 ExpertStats stats;
 
-double seconds_since(std::chrono::steady_clock::time_point begin) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - begin).count();
-}
-
 // The experts' computation, timed and its FLOPs counted (each row through one expert's matrix of
 // each weight).
 at::Tensor computed(const ExpertCompute& experts, const at::Tensor& rows, const at::Tensor& ends,
                     const std::vector<at::Tensor>& weights) {
-  const auto begin = std::chrono::steady_clock::now();
+  const auto begin = Clock::now();
   at::Tensor out = experts(rows, ends, weights);
   stats.compute_s += seconds_since(begin);
   for (const at::Tensor& w : weights)
@@ -231,7 +228,7 @@ at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows
   // Started, then what does not need the rows (in_flight: the shared expert) runs before the wait.
   dist::StartedRows started = dist::start_all_to_all(sent, ep, receive_splits, send_splits);
   if (in_flight) in_flight();
-  auto begin = std::chrono::steady_clock::now();
+  auto begin = Clock::now();
   if (started.work) started.work->wait();
   stats.wait_s += seconds_since(begin);
   const at::Tensor& received = started.rows;
@@ -273,7 +270,7 @@ at::Tensor exchange_with_experts(const ExpertDispatch& d, const at::Tensor& rows
       w = at::cat({w, dist::all_to_all(w.index_select(0, index), ep, receive_copies, send_copies)});
   }
   const at::Tensor out = computed(experts, received.index_select(0, order), ends, held);
-  begin = std::chrono::steady_clock::now();
+  begin = Clock::now();
   const at::Tensor back =
       dist::all_to_all(out.index_select(0, inverse_of(order)), ep, send_splits, receive_splits);
   stats.wait_s += seconds_since(begin);  // nothing to hide the combine behind
@@ -301,7 +298,7 @@ double time_expert_messages_alone() {
   at::Tensor received = at::empty_like(sent);
   const std::vector<int64_t> splits(static_cast<size_t>(ranks), each);
   ep->barrier();
-  const auto begin = std::chrono::steady_clock::now();
+  const auto begin = Clock::now();
   for (int64_t i = 0; i < stats.exchanges; ++i) ep->all_to_all(sent, received, splits, splits);
   return seconds_since(begin);
 }

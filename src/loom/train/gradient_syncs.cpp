@@ -204,12 +204,10 @@ std::string FsdpGradients::summary(double waited_s, double step_s) const {
 
 double TensorParallelSums::reduce() {
   const auto begin = Clock::now();
-  if (!partial_.empty() || !replicated_.empty()) {
-    if (fsdp_)
-      sum_shards();
-    else
-      sum_gradients();
-  }
+  if (fsdp_)
+    sum_shards();
+  else
+    sum_gradients();
   return seconds_since(begin);
 }
 

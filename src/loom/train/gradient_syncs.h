@@ -175,7 +175,7 @@ class FsdpGradients : public SyncPart {
 // (whole parameters run on one sequence chunk per rank); a kv slice several ranks hold has on each
 // its query heads' part (`replicated`). Both are summed over `tp`: on the whole gradients, or on FSDP's
 // shards, where the ranks of a tensor-parallel group hold the same data-parallel slice of alike-shaped
-// units.
+// units. A layout with neither has no such part.
 class TensorParallelSums : public SyncPart {
  public:
   TensorParallelSums(std::shared_ptr<dist::Comm> tp, std::set<std::string> partial,
